@@ -1,0 +1,1 @@
+"""The deduplication engine (PIP-6 on Kafka): identity, the check, state, recovery."""

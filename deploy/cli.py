@@ -1,0 +1,166 @@
+"""`local` commands: bring the local Kafka + Redis environment up and down, inject failures.
+
+Human output goes through rich; with --json exactly one JSON object is printed on stdout
+(progress and errors go to stderr), so scripts can parse it."""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from deploy.local import EnvInfo, LocalEnvError, LocalEnvironment
+from deploy.paths import MissingRuntimeError
+
+local_app = typer.Typer(
+    name="local",
+    help="The local Apache Kafka (KRaft) cluster and Redis the proxy runs against.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+out = Console()
+err = Console(stderr=True)
+
+
+class BrokerCount(StrEnum):
+    one = "1"
+    three = "3"
+
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+NodeId = Annotated[int, typer.Argument(help="Kafka node id (0..brokers-1).", min=0)]
+
+
+def _env() -> LocalEnvironment:
+    return LocalEnvironment()
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    return typer.Exit(code=1)
+
+
+def _print_json(data: dict[str, Any]) -> None:
+    # Plain print: rich would wrap or colour the text.
+    print(json.dumps(data, sort_keys=True))
+
+
+def _print_info(info: EnvInfo, seconds: float | None = None) -> None:
+    took = f" in {seconds:.1f}s" if seconds is not None else ""
+    out.print(f"[green]local environment up{took}[/]")
+    out.print(f"  bootstrap  {info.bootstrap}", highlight=False)
+    for node, address in sorted(info.brokers.items()):
+        out.print(f"  node {node}     {address}", highlight=False)
+    out.print(f"  redis      {info.redis}", highlight=False)
+
+
+@local_app.command()
+def up(
+    brokers: Annotated[
+        BrokerCount, typer.Option("--brokers", help="Kafka nodes (a new count recreates).")
+    ] = BrokerCount.one,
+    json_output: JsonFlag = False,
+) -> None:
+    """Start Kafka and Redis (only what is not running) and wait until they answer."""
+    if not json_output:
+        err.print(f"starting {brokers.value} Kafka node(s) and Redis ...")
+    started = time.monotonic()
+    try:
+        info = _env().up(brokers=int(brokers.value))
+    except (LocalEnvError, MissingRuntimeError) as exc:
+        raise _fail(exc) from exc
+    if json_output:
+        _print_json(info.to_json())
+    else:
+        _print_info(info, time.monotonic() - started)
+
+
+@local_app.command()
+def down(
+    purge: Annotated[bool, typer.Option("--purge", help="Also delete all local data.")] = False,
+) -> None:
+    """Stop Kafka and Redis."""
+    _env().down(purge=purge)
+    out.print("local environment down" + (" and purged" if purge else ""))
+
+
+@local_app.command()
+def status(json_output: JsonFlag = False) -> None:
+    """Show what runs, with pids and addresses."""
+    data = _env().status()
+    if json_output:
+        _print_json(data)
+        return
+    if not data["created"]:
+        out.print(f"no local environment in {data['home']}")
+        return
+    out.print(f"local environment in {data['home']}", highlight=False)
+    table = Table()
+    for column in ("process", "address", "pid", "state"):
+        table.add_column(column)
+    for node, proc in data["nodes"].items():
+        table.add_row(f"kafka node {node}", proc["address"], _pid(proc), _state(proc))
+    redis_proc = data["redis_process"]
+    table.add_row("redis", data["redis"], _pid(redis_proc), _state(redis_proc))
+    out.print(table)
+    out.print(
+        f"bootstrap {data['bootstrap']}  cluster {data['cluster_id']}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _pid(proc: dict[str, Any]) -> str:
+    return "-" if proc["pid"] is None else str(proc["pid"])
+
+
+def _state(proc: dict[str, Any]) -> str:
+    if not proc["running"]:
+        return "[red]stopped[/]"
+    return "[green]up[/]" if proc["listening"] else "[yellow]starting[/]"
+
+
+@local_app.command("kill-broker")
+def kill_broker(node_id: NodeId) -> None:
+    """SIGKILL one Kafka node."""
+    try:
+        killed = _env().kill_broker(node_id)
+    except LocalEnvError as exc:
+        raise _fail(exc) from exc
+    out.print(f"kafka node {node_id} " + ("killed" if killed else "was not running"))
+
+
+@local_app.command("start-broker")
+def start_broker(node_id: NodeId) -> None:
+    """Start one Kafka node and wait until it is back in the cluster metadata."""
+    try:
+        _env().start_broker(node_id)
+    except (LocalEnvError, MissingRuntimeError) as exc:
+        raise _fail(exc) from exc
+    out.print(f"kafka node {node_id} up")
+
+
+@local_app.command("kill-redis")
+def kill_redis() -> None:
+    """SIGKILL Redis."""
+    try:
+        killed = _env().kill_redis()
+    except LocalEnvError as exc:
+        raise _fail(exc) from exc
+    out.print("redis " + ("killed" if killed else "was not running"))
+
+
+@local_app.command("start-redis")
+def start_redis() -> None:
+    """Start Redis and wait until it answers PING."""
+    try:
+        _env().start_redis()
+    except (LocalEnvError, MissingRuntimeError) as exc:
+        raise _fail(exc) from exc
+    out.print("redis up")

@@ -1,0 +1,209 @@
+"""Pure generation of the local environment's configuration: ports, server.properties,
+redis.conf, JVM flags. Nothing here touches the file system or starts a process."""
+
+from __future__ import annotations
+
+import base64
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+DEFAULT_KAFKA_PORT_BASE = 19092
+DEFAULT_REDIS_PORT = 16379
+# Controller listeners sit this far above the client listeners.
+CONTROLLER_PORT_OFFSET = 100
+SUPPORTED_BROKER_COUNTS = (1, 3)
+
+# Small heaps: up to three nodes plus the proxy and tests share a 2-core machine.
+KAFKA_HEAP_OPTS = ("-Xms256m", "-Xmx512m")
+# The GC settings of Kafka's own kafka-run-class.sh.
+KAFKA_JVM_PERFORMANCE_OPTS = (
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-Djava.awt.headless=true",
+)
+TOOL_JVM_OPTS = ("-Xmx256m", "-XX:+UseG1GC", "-Djava.awt.headless=true")
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The loopback ports of the environment; node ids are 0..n-1."""
+
+    kafka_base: int = DEFAULT_KAFKA_PORT_BASE
+    redis: int = DEFAULT_REDIS_PORT
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Ports:
+        env = os.environ if environ is None else environ
+        return cls(
+            kafka_base=_port(env, "DEDUP_LOCAL_KAFKA_PORT", DEFAULT_KAFKA_PORT_BASE),
+            redis=_port(env, "DEDUP_LOCAL_REDIS_PORT", DEFAULT_REDIS_PORT),
+        )
+
+    def client(self, node_id: int) -> int:
+        return self.kafka_base + node_id
+
+    def controller(self, node_id: int) -> int:
+        return self.kafka_base + CONTROLLER_PORT_OFFSET + node_id
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a port number") from None
+    # The Kafka base must leave room for the controller ports above it.
+    if not 1024 <= port <= 65535 - CONTROLLER_PORT_OFFSET - 3:
+        raise ValueError(f"{name}={port} is outside 1024..{65535 - CONTROLLER_PORT_OFFSET - 3}")
+    return port
+
+
+def check_broker_count(brokers: int) -> None:
+    if brokers not in SUPPORTED_BROKER_COUNTS:
+        raise ValueError(f"brokers must be one of {SUPPORTED_BROKER_COUNTS}, not {brokers}")
+
+
+def random_cluster_id() -> str:
+    """A Kafka Uuid as StorageTool random-uuid prints it: 16 random bytes, base64url, no
+    padding. Like Kafka, avoid a leading '-', which command lines would take for a flag."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def quorum_voters(brokers: int, ports: Ports) -> str:
+    return ",".join(f"{n}@{HOST}:{ports.controller(n)}" for n in range(brokers))
+
+
+def replication_settings(brokers: int) -> dict[str, str]:
+    """Durability settings scaled to the cluster: with 3 nodes a write needs 2 in-sync
+    replicas, so one broker can be killed without losing acknowledged data."""
+    check_broker_count(brokers)
+    factor = str(brokers)
+    min_isr = "2" if brokers >= 3 else "1"
+    return {
+        "default.replication.factor": factor,
+        "min.insync.replicas": min_isr,
+        "offsets.topic.replication.factor": factor,
+        "transaction.state.log.replication.factor": factor,
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": factor,
+        "share.coordinator.state.topic.min.isr": min_isr,
+    }
+
+
+def server_properties(node_id: int, brokers: int, ports: Ports, data_dir: Path) -> dict[str, str]:
+    """server.properties of one combined broker+controller node."""
+    check_broker_count(brokers)
+    if not 0 <= node_id < brokers:
+        raise ValueError(f"node id {node_id} is not in 0..{brokers - 1}")
+    client = f"{HOST}:{ports.client(node_id)}"
+    controller = f"{HOST}:{ports.controller(node_id)}"
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": str(node_id),
+        "controller.quorum.voters": quorum_voters(brokers, ports),
+        "listeners": f"PLAINTEXT://{client},CONTROLLER://{controller}",
+        "advertised.listeners": f"PLAINTEXT://{client}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data_dir),
+        "num.partitions": "1",
+        "auto.create.topics.enable": "true",
+        "group.initial.rebalance.delay.ms": "0",
+        # A node killed with SIGKILL cannot re-register until its old session expires, and
+        # its partitions keep it in their ISR until then: 9 s by default, 4 s here.
+        "broker.session.timeout.ms": "4000",
+        "broker.heartbeat.interval.ms": "1000",
+    }
+    props.update(replication_settings(brokers))
+    return props
+
+
+def render_properties(props: Mapping[str, str], header: str = "") -> str:
+    lines = [f"# {line}" for line in header.splitlines()]
+    lines += [f"{key}={_escape_value(value)}" for key, value in props.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _escape_value(value: str) -> str:
+    # java.util.Properties treats a backslash as an escape; paths never need one otherwise.
+    return value.replace("\\", "\\\\")
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """The subset of the java.util.Properties format render_properties writes."""
+    props: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, _, value = line.partition("=")
+        props[key.strip()] = value.strip().replace("\\\\", "\\")
+    return props
+
+
+def redis_config(port: int, data_dir: Path, pid_file: Path, log_file: Path) -> str:
+    """A private Redis: its own port, directory, pid and log files, AOF on."""
+    settings = [
+        ("bind", HOST),
+        ("port", str(port)),
+        ("protected-mode", "yes"),
+        # Run in the foreground; the launcher detaches it and keeps its pid.
+        ("daemonize", "no"),
+        # Keep argv as started: the config path in it tells our redis from another one.
+        ("set-proc-title", "no"),
+        ("pidfile", str(pid_file)),
+        ("logfile", str(log_file)),
+        ("dir", str(data_dir)),
+        ("appendonly", "yes"),
+        ("appendfilename", '"appendonly.aof"'),
+        # Redis write(2)s the AOF before it replies (unless a slow fsync makes it postpone),
+        # so acknowledged writes survive a SIGKILL of the process; everysec bounds the loss
+        # on a machine crash and keeps fsync off the hot path.
+        ("appendfsync", "everysec"),
+        # AOF is the persistence; RDB snapshots would only add fork pauses.
+        ("save", '""'),
+    ]
+    return "\n".join(f"{key} {value}" for key, value in settings) + "\n"
+
+
+def kafka_jvm_command(
+    java: str, classpath: str, log4j_config: Path, logs_dir: Path, server_props: Path
+) -> list[str]:
+    return [
+        java,
+        *KAFKA_HEAP_OPTS,
+        *KAFKA_JVM_PERFORMANCE_OPTS,
+        f"-Dlog4j2.configurationFile={log4j_config}",
+        f"-Dkafka.logs.dir={logs_dir}",
+        "-cp",
+        classpath,
+        "kafka.Kafka",
+        str(server_props),
+    ]
+
+
+def java_command(
+    java: str, classpath: str, log4j_config: Path, main_class: str, args: tuple[str, ...]
+) -> list[str]:
+    return [
+        java,
+        *TOOL_JVM_OPTS,
+        f"-Dlog4j2.configurationFile={log4j_config}",
+        "-cp",
+        classpath,
+        main_class,
+        *args,
+    ]

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Prepares a machine for kafka-dedup-proxy: the Python virtualenv, Redis and kcat, a Java
+# runtime with Maven, and the Kafka 4.3.1 jars resolved from deploy/kafka/pom.xml.
+# Idempotent and quick on a machine that is already set up: each step is skipped when its
+# result is present (the slow ones are keyed by a hash of their input file).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+POM="$ROOT/deploy/kafka/pom.xml"
+KAFKA_VERSION="4.3.1"
+# Same rule as deploy/paths.py: an unset, empty or relative XDG_CACHE_HOME means ~/.cache.
+CACHE_HOME="${XDG_CACHE_HOME:-}"
+[[ "$CACHE_HOME" == /* ]] || CACHE_HOME="$HOME/.cache"
+KAFKA_CACHE="$CACHE_HOME/kafka-dedup-proxy/kafka-$KAFKA_VERSION"
+LIBS="$KAFKA_CACHE/libs"
+
+say() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+hash_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# Runs a noisy command with its output in a log file, shown (tail) only when it fails.
+quietly() {
+    local log status=0
+    log="$(mktemp "${TMPDIR:-/tmp}/dedup-setup.XXXXXX")"
+    "$@" >"$log" 2>&1 || status=$?
+    if [ "$status" -ne 0 ]; then
+        tail -n 60 "$log" >&2
+        rm -f "$log"
+        die "failed ($status): $*"
+    fi
+    rm -f "$log"
+}
+
+# Root runs apt-get directly; anyone else needs a sudo that works without a prompt on CI.
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        die "need root (or sudo) to run: $*"
+    fi
+}
+
+APT_UPDATED=0
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install by hand: $*"
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        quietly as_root env DEBIAN_FRONTEND=noninteractive apt-get update
+        APT_UPDATED=1
+    fi
+    quietly as_root env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y --no-install-recommends "$@"
+}
+
+# --- Python virtualenv -------------------------------------------------------------------
+find_python() {
+    local candidate
+    for candidate in python3.11 python3; do
+        if command -v "$candidate" >/dev/null 2>&1 &&
+            "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            command -v "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    PYTHON="$(find_python)" || die "need python3.11 or a python3 >= 3.11"
+    say "creating .venv with $PYTHON"
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+    quietly "$VENV/bin/python" -m pip install --upgrade pip
+fi
+
+PY_STAMP="$VENV/.pyproject.sha256"
+if [ "$(cat "$PY_STAMP" 2>/dev/null || true)" != "$(hash_of "$ROOT/pyproject.toml")" ]; then
+    say "installing the project and its dev dependencies into .venv"
+    (cd "$ROOT" && quietly "$VENV/bin/python" -m pip install -e '.[dev]')
+    hash_of "$ROOT/pyproject.toml" >"$PY_STAMP"
+else
+    say ".venv up to date"
+fi
+
+# --- Redis and kcat ----------------------------------------------------------------------
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+if [ "${#missing[@]}" -gt 0 ]; then
+    say "installing ${missing[*]}"
+    apt_install "${missing[@]}"
+    for program in "${missing[@]}"; do
+        command -v "$program" >/dev/null 2>&1 || die "$program still missing after apt-get install"
+    done
+else
+    say "redis-server and kcat present"
+fi
+
+# --- Java >= 17 and Maven ----------------------------------------------------------------
+java_major() {
+    # `java -version` prints e.g. 'openjdk version "17.0.15" ...' (or "1.8.0_x" on old ones).
+    local major
+    major="$(java -version 2>&1 |
+        sed -n 's/.* version "\([0-9]*\)\(\.\([0-9]*\)\)\{0,1\}.*/\1 \3/p' |
+        head -n1 | awk '{ print ($1 == 1 ? $2 : $1) }')"
+    echo "${major:-0}"
+}
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
+    say "installing a Java runtime (>= 17 needed)"
+    apt_install default-jre-headless
+fi
+command -v java >/dev/null 2>&1 || die "java not found after install"
+JAVA_MAJOR="$(java_major)"
+[ "$JAVA_MAJOR" -ge 17 ] || die "java $JAVA_MAJOR found, Kafka $KAFKA_VERSION needs >= 17"
+
+if ! command -v mvn >/dev/null 2>&1; then
+    say "installing maven"
+    apt_install maven
+    command -v mvn >/dev/null 2>&1 || die "mvn still missing after apt-get install"
+fi
+
+# --- Kafka jars --------------------------------------------------------------------------
+POM_STAMP="$KAFKA_CACHE/.pom.sha256"
+if [ "$(cat "$POM_STAMP" 2>/dev/null || true)" != "$(hash_of "$POM")" ] ||
+    [ ! -f "$LIBS/kafka_2.13-$KAFKA_VERSION.jar" ]; then
+    say "resolving Kafka $KAFKA_VERSION jars into $LIBS"
+    mkdir -p "$KAFKA_CACHE"
+    # Resolve into a fresh directory and swap it in, so a failed run leaves no half classpath.
+    staging="$(mktemp -d "$KAFKA_CACHE/libs.XXXXXX")"
+    trap 'rm -rf "$staging"' EXIT
+    quietly mvn -B -Dstyle.color=never -f "$POM" dependency:copy-dependencies \
+        -DoutputDirectory="$staging" -DincludeScope=runtime
+    rm -rf "$LIBS"
+    mv "$staging" "$LIBS"
+    trap - EXIT
+    hash_of "$POM" >"$POM_STAMP"
+else
+    say "Kafka $KAFKA_VERSION jars up to date"
+fi
+
+say "done"

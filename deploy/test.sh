@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The project's test command: set up everything a fresh machine needs, check style and
+# types, then run every test (unit and integration against the real local Kafka + Redis,
+# which the test session starts). Extra arguments go to pytest.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash deploy/setup.sh
+
+echo "test: ruff"
+.venv/bin/ruff check proxy dedup deploy tests benchmarks
+.venv/bin/ruff format --check proxy dedup deploy tests benchmarks
+echo "test: mypy"
+.venv/bin/mypy
+echo "test: pytest"
+status=0
+.venv/bin/pytest "$@" || status=$?
+if [ -n "${CI:-}" ]; then
+    # A CI machine keeps nothing running after the run.
+    .venv/bin/dedup-proxy local down || true
+fi
+exit "$status"

@@ -1,0 +1,1 @@
+"""The Kafka-protocol proxy: listeners, connections, codec, filters, admin and CLI."""

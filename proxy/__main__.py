@@ -1,0 +1,3 @@
+from proxy.cli import main
+
+main()

@@ -1,0 +1,46 @@
+"""The admin HTTP port: Prometheus metrics at /metrics and a health check at /healthz."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from proxy.server import ProxyServer
+
+# The upstream view is stale after this many missed refreshes: report unhealthy.
+_STALE_REFRESHES = 3
+
+
+def build_admin_app(server: ProxyServer) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        now = asyncio.get_running_loop().time()
+        last = server.last_refresh_ok
+        max_age = _STALE_REFRESHES * server.settings.metadata_refresh_s
+        fresh = last is not None and now - last <= max_age
+        body = {
+            "status": "ok" if fresh else "unavailable",
+            "pid": os.getpid(),
+            "upstream_brokers": sorted(server.topology.node_ids),
+            "broker_listeners": server.broker_ports(),
+            "seconds_since_metadata": None if last is None else round(now - last, 1),
+        }
+        return web.json_response(body, status=200 if fresh else 503)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+async def start_admin(server: ProxyServer) -> web.AppRunner:
+    runner = web.AppRunner(build_admin_app(server), access_log=None)
+    await runner.setup()
+    endpoint = server.settings.admin_endpoint
+    await web.TCPSite(runner, endpoint.host, endpoint.port).start()
+    return runner

@@ -1,0 +1,85 @@
+"""The ``dedup-proxy`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from deploy.cli import local_app
+
+from proxy.config import ConfigError, load_settings
+from proxy.logs import configure_logging
+
+app = typer.Typer(
+    help="A Kafka-protocol proxy with Pulsar-style guaranteed deduplication.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(local_app, name="local", help="The local Kafka + Redis the project runs on.")
+
+
+@app.command()
+def serve(
+    config: Annotated[
+        Path | None,
+        typer.Option(help="TOML configuration file (environment and flags override it)"),
+    ] = None,
+    upstream: Annotated[
+        str | None, typer.Option(help="Kafka bootstrap servers, HOST:PORT[,...]")
+    ] = None,
+    listen: Annotated[str | None, typer.Option(help="bootstrap listener, HOST:PORT")] = None,
+    advertised_host: Annotated[
+        str | None, typer.Option(help="host name clients are told to connect to")
+    ] = None,
+    broker_port_base: Annotated[
+        int | None, typer.Option(help="port of broker node 0's listener (default: listen + 1)")
+    ] = None,
+    redis: Annotated[str | None, typer.Option(help="Redis URL")] = None,
+    admin: Annotated[str | None, typer.Option(help="admin HTTP listener, HOST:PORT")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error")] = None,
+    log_format: Annotated[str | None, typer.Option(help="json or console")] = None,
+) -> None:
+    """Run the proxy in front of a Kafka cluster until SIGINT or SIGTERM."""
+    from proxy.runtime import install_event_loop, run_proxy
+
+    try:
+        settings = load_settings(
+            config,
+            upstream=upstream,
+            listen=listen,
+            advertised_host=advertised_host,
+            broker_port_base=broker_port_base,
+            redis=redis,
+            admin=admin,
+            log_level=log_level,
+            log_format=log_format,
+        )
+    except ConfigError as exc:
+        typer.echo(f"dedup-proxy: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    configure_logging(settings.log_level, settings.log_format)
+    install_event_loop()
+    try:
+        asyncio.run(run_proxy(settings))
+    except OSError as exc:
+        typer.echo(f"dedup-proxy: cannot listen: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+@app.command()
+def demo(
+    keep_running: Annotated[
+        bool, typer.Option(help="leave Kafka, Redis and the proxy running afterwards")
+    ] = False,
+    messages: Annotated[int, typer.Option(help="messages the demo client sends")] = 10_000,
+) -> None:
+    """Start local Kafka + Redis + the proxy and show clients working through the proxy."""
+    from proxy.demo import run_demo
+
+    raise typer.Exit(run_demo(messages=messages, keep_running=keep_running))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,155 @@
+"""Proxy configuration: defaults, then a TOML file, then environment, then command-line flags.
+
+Environment variables use the prefix ``DEDUP_PROXY_`` (``DEDUP_PROXY_UPSTREAM``,
+``DEDUP_PROXY_LISTEN``...). A validation error names the field that is wrong.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from proxy.topology import Endpoint
+
+DEFAULT_LISTEN = "127.0.0.1:29092"
+DEFAULT_ADMIN = "127.0.0.1:29080"
+DEFAULT_UPSTREAM = "127.0.0.1:19092"
+KAFKA_DEFAULT_MAX_REQUEST_BYTES = 104_857_600  # Kafka's socket.request.max.bytes
+
+
+class ConfigError(Exception):
+    """Configuration that cannot be used; the message names the bad field."""
+
+
+class ProxySettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="DEDUP_PROXY_",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    upstream: Annotated[list[str], NoDecode] = Field(
+        default=[DEFAULT_UPSTREAM],
+        description="Kafka bootstrap servers, HOST:PORT each (comma-separated in env and flags)",
+    )
+    listen: str = Field(default=DEFAULT_LISTEN, description="the bootstrap listener, HOST:PORT")
+    advertised_host: str | None = Field(
+        default=None,
+        description="host name clients are told to connect to (default: the listen host)",
+    )
+    broker_port_base: int | None = Field(
+        default=None,
+        description="port of the listener for broker node 0 (default: listen port + 1)",
+    )
+    node_id_offset: int = Field(default=0, description="node id that maps to broker_port_base")
+    admin: str = Field(default=DEFAULT_ADMIN, description="admin HTTP listener, HOST:PORT")
+    redis: str = Field(default="redis://127.0.0.1:16379/0", description="Redis URL")
+    max_frame_bytes: int = Field(default=KAFKA_DEFAULT_MAX_REQUEST_BYTES, gt=0)
+    max_in_flight_per_connection: int = Field(default=64, gt=0)
+    upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
+    metadata_refresh_s: float = Field(default=30.0, gt=0)
+    drain_timeout_s: float = Field(default=30.0, ge=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _split_upstream(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("upstream")
+    @classmethod
+    def _check_upstream(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one upstream bootstrap server is required")
+        for item in value:
+            Endpoint.parse(item)
+        return value
+
+    @field_validator("listen", "admin")
+    @classmethod
+    def _check_endpoint(cls, value: str) -> str:
+        Endpoint.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> ProxySettings:
+        base = self.broker_port_base
+        if base is not None and not 0 < base < 65536:
+            raise ValueError(f"broker_port_base {base} is not a valid port")
+        return self
+
+    @property
+    def upstream_endpoints(self) -> list[Endpoint]:
+        return [Endpoint.parse(item) for item in self.upstream]
+
+    @property
+    def listen_endpoint(self) -> Endpoint:
+        return Endpoint.parse(self.listen)
+
+    @property
+    def admin_endpoint(self) -> Endpoint:
+        return Endpoint.parse(self.admin)
+
+    @property
+    def effective_advertised_host(self) -> str:
+        if self.advertised_host:
+            return self.advertised_host
+        host = self.listen_endpoint.host
+        return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+    @property
+    def effective_broker_port_base(self) -> int:
+        if self.broker_port_base is not None:
+            return self.broker_port_base
+        return self.listen_endpoint.port + 1
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Flags (init) override the environment, which overrides the file (if any).
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> ProxySettings:
+    """Build the settings; ``overrides`` are command-line flags (None means not given)."""
+    settings_cls: type[ProxySettings] = ProxySettings
+    if config_file is not None:
+        if not config_file.is_file():
+            raise ConfigError(f"config file {config_file} does not exist")
+        try:
+            with config_file.open("rb") as handle:
+                tomllib.load(handle)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from exc
+
+        class FileSettings(ProxySettings):
+            model_config = SettingsConfigDict(toml_file=config_file)
+
+        settings_cls = FileSettings
+    try:
+        return settings_cls(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc']) or 'settings'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from exc

@@ -1,0 +1,277 @@
+"""One client connection and the upstream connection that serves it.
+
+Requests are forwarded as soon as they arrive (pipelining is kept: the client's own
+max.in.flight decides, bounded by ``max_in_flight_per_connection``). Every request that
+expects an answer gets a future in an ordered queue, and a single writer sends the
+answers back in request order, which is the order Kafka promises per connection.
+Responses pass byte-for-byte unless a response filter for their API rewrites them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import structlog
+
+from proxy import metrics
+from proxy.filters import FilterContext, ResponseFilter, apply_response_filter
+from proxy.filters.api_versions import unsupported_api_versions_body
+from proxy.schemas import API_VERSIONS_KEY, DECODABLE_VERSIONS
+from proxy.topology import Endpoint
+from proxy.wire import (
+    PRODUCE_KEY,
+    FrameError,
+    RequestHeader,
+    correlation_id_of,
+    parse_request_header,
+    produce_acks,
+    read_frame,
+)
+
+log = structlog.get_logger(__name__)
+
+# Responses are bounded by the client's own fetch sizes, not by the request limit.
+MAX_RESPONSE_BYTES = 1 << 30
+_WRITE_BUFFER_HIGH = 4 << 20
+
+
+class UpstreamClosed(Exception):
+    """The upstream broker connection ended; requests still waiting get no answer."""
+
+
+class UpstreamUnavailable(Exception):
+    """No upstream broker could be reached for a new client connection."""
+
+
+@dataclass(slots=True)
+class ConnectionSettings:
+    max_frame_bytes: int
+    max_in_flight: int
+    connect_timeout_s: float
+
+
+UpstreamResolver = Callable[[], Awaitable[list[Endpoint]]]
+
+
+@dataclass(slots=True)
+class _Pending:
+    header: RequestHeader
+    answer: asyncio.Future[bytes]
+    from_upstream: bool = True  # answers the proxy makes itself need no filtering
+    started: float = field(default_factory=time.perf_counter)
+
+
+class ClientConnection:
+    """Relays one client's requests to one upstream broker and the answers back."""
+
+    def __init__(
+        self,
+        client_reader: asyncio.StreamReader,
+        client_writer: asyncio.StreamWriter,
+        listener: str,
+        resolve_upstream: UpstreamResolver,
+        filters: Mapping[int, ResponseFilter],
+        filter_context: FilterContext,
+        settings: ConnectionSettings,
+    ) -> None:
+        self._client_reader = client_reader
+        self._client_writer = client_writer
+        self._listener = listener
+        self._resolve_upstream = resolve_upstream
+        self._filters = filters
+        self._filter_context = filter_context
+        self._settings = settings
+        self._in_flight = asyncio.Semaphore(settings.max_in_flight)
+        self._answers: asyncio.Queue[_Pending | None] = asyncio.Queue()
+        self._awaiting_upstream: deque[_Pending] = deque()
+        self._draining = False
+        self._request_task: asyncio.Task[None] | None = None
+        peer = client_writer.get_extra_info("peername")
+        self.log = log.bind(listener=listener, client=f"{peer[0]}:{peer[1]}" if peer else "?")
+
+    async def serve(self) -> None:
+        metrics.CONNECTIONS.labels(self._listener).inc()
+        active = metrics.CONNECTIONS_ACTIVE.labels(self._listener)
+        active.inc()
+        try:
+            await self._serve()
+        finally:
+            active.dec()
+
+    async def _serve(self) -> None:
+        try:
+            upstream_reader, upstream_writer = await self._connect_upstream()
+        except UpstreamUnavailable as exc:
+            metrics.UPSTREAM_ERRORS.labels("connect").inc()
+            self.log.warning("closing client: no upstream broker reachable", reason=str(exc))
+            await self._close_client()
+            return
+        if self._draining:  # shutdown began while connecting: nothing was taken yet
+            upstream_writer.close()
+            await self._close_client()
+            return
+        _limit_write_buffer(self._client_writer)
+        _limit_write_buffer(upstream_writer)
+        self._request_task = asyncio.create_task(
+            self._relay_requests(upstream_writer), name="client"
+        )
+        upstream_task = asyncio.create_task(self._relay_upstream(upstream_reader), name="upstream")
+        answer_task = asyncio.create_task(self._send_answers(), name="answers")
+        tasks = {self._request_task, upstream_task, answer_task}
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if self._request_task in done and self._draining:
+                # Graceful shutdown: no new requests, but answer the ones already taken.
+                self._answers.put_nowait(None)
+                done, _ = await asyncio.wait(
+                    {answer_task, upstream_task}, return_when=asyncio.FIRST_COMPLETED
+                )
+            for task in done:
+                self._log_end(task)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._fail_waiting(UpstreamClosed("connection closed"))
+            upstream_writer.close()
+            await self._close_client()
+
+    def drain(self) -> None:
+        """Stop taking requests; answers already owed are still sent (graceful shutdown)."""
+        self._draining = True
+        if self._request_task is not None:
+            self._request_task.cancel()
+
+    async def _connect_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        candidates = await self._resolve_upstream()
+        errors = []
+        for endpoint in candidates:
+            try:
+                return await asyncio.wait_for(
+                    asyncio.open_connection(endpoint.host, endpoint.port),
+                    self._settings.connect_timeout_s,
+                )
+            except (OSError, TimeoutError) as exc:
+                errors.append(f"{endpoint}: {exc or type(exc).__name__}")
+        raise UpstreamUnavailable("; ".join(errors) or "no upstream broker known")
+
+    async def _relay_requests(self, upstream: asyncio.StreamWriter) -> None:
+        reader = self._client_reader
+        while True:
+            payload = await read_frame(reader, self._settings.max_frame_bytes)
+            if payload is None:
+                return
+            header = parse_request_header(payload)
+            api = metrics.for_api(header.api_key)
+            api.requests.inc()
+            api.bytes_in.inc(len(payload) + 4)
+            if header.api_key == API_VERSIONS_KEY and (
+                header.api_version > DECODABLE_VERSIONS[API_VERSIONS_KEY].max
+            ):
+                self._answer_locally(header, unsupported_api_versions_body())
+                continue
+            expects_answer = header.api_key != PRODUCE_KEY or produce_acks(payload, header) != 0
+            if expects_answer:
+                await self._in_flight.acquire()
+                pending = _Pending(header, asyncio.get_running_loop().create_future())
+                self._awaiting_upstream.append(pending)
+                self._answers.put_nowait(pending)
+            upstream.write(len(payload).to_bytes(4, "big"))
+            upstream.write(payload)
+            await upstream.drain()
+
+    def _answer_locally(self, header: RequestHeader, body: bytes) -> None:
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        answer.set_result(header.correlation_id.to_bytes(4, "big", signed=True) + body)
+        self._answers.put_nowait(_Pending(header, answer, from_upstream=False))
+
+    async def _relay_upstream(self, upstream: asyncio.StreamReader) -> None:
+        while True:
+            payload = await read_frame(upstream, MAX_RESPONSE_BYTES)
+            if payload is None:
+                raise UpstreamClosed("upstream broker closed the connection")
+            if not self._awaiting_upstream:
+                raise FrameError("upstream sent a response to no request")
+            pending = self._awaiting_upstream.popleft()
+            correlation_id = correlation_id_of(payload)
+            if correlation_id != pending.header.correlation_id:
+                raise FrameError(
+                    f"upstream answered correlation id {correlation_id}, "
+                    f"expected {pending.header.correlation_id}"
+                )
+            pending.answer.set_result(payload)
+
+    async def _send_answers(self) -> None:
+        client = self._client_writer
+        while True:
+            pending = await self._answers.get()
+            if pending is None:
+                return
+            payload = await pending.answer
+            header = pending.header
+            if pending.from_upstream:
+                payload = await self._filter(header, payload)
+            client.write(len(payload).to_bytes(4, "big"))
+            client.write(payload)
+            api = metrics.for_api(header.api_key)
+            api.bytes_out.inc(len(payload) + 4)
+            api.seconds.observe(time.perf_counter() - pending.started)
+            self._in_flight.release()
+            await client.drain()
+
+    async def _filter(self, header: RequestHeader, payload: bytes) -> bytes:
+        response_filter = self._filters.get(header.api_key)
+        if response_filter is None:
+            return payload
+        return await apply_response_filter(
+            response_filter,
+            self._filter_context,
+            header.api_version,
+            header.flexible_response,
+            payload,
+        )
+
+    def _fail_waiting(self, error: Exception) -> None:
+        for pending in self._awaiting_upstream:
+            if not pending.answer.done():
+                pending.answer.set_exception(error)
+                pending.answer.exception()  # mark retrieved: nobody waits any more
+        self._awaiting_upstream.clear()
+
+    def _log_end(self, task: asyncio.Task[None]) -> None:
+        """One log line that says why the connection ended and whose side it was."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        side = task.get_name()
+        if error is None:
+            self.log.debug("client closed the connection")
+        elif side == "client" and isinstance(error, FrameError):
+            metrics.CLIENT_ERRORS.labels(type(error).__name__).inc()
+            self.log.warning("closing client after bad input", error=str(error))
+        elif side == "upstream" and isinstance(error, UpstreamClosed | ConnectionError):
+            metrics.UPSTREAM_ERRORS.labels("disconnect").inc()
+            self.log.info("upstream connection ended; closing client", error=str(error))
+        elif side == "upstream" or isinstance(error, FrameError):
+            metrics.UPSTREAM_ERRORS.labels("protocol").inc()
+            self.log.error("closing client after a bad upstream response", error=str(error))
+        elif isinstance(error, ConnectionError):
+            self.log.info("client connection lost", error=str(error))
+        else:
+            self.log.error("connection failed", error=repr(error), exc_info=error)
+
+    async def _close_client(self) -> None:
+        self._client_writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._client_writer.wait_closed()
+
+
+def _limit_write_buffer(writer: asyncio.StreamWriter) -> None:
+    transport = writer.transport
+    if isinstance(transport, asyncio.WriteTransport):
+        transport.set_write_buffer_limits(high=_WRITE_BUFFER_HIGH)

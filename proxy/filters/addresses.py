@@ -1,0 +1,111 @@
+"""Broker-address rewriting: the responses that tell a client where brokers are.
+
+Each filter replaces an upstream broker's host and port with the proxy listener that
+stands for that broker, and tells the topology about the brokers it saw so that the
+listener exists before the client connects to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from kio.static.primitive import i32
+
+from proxy.filters.base import FilterContext
+
+METADATA_KEY = 3
+FIND_COORDINATOR_KEY = 10
+DESCRIBE_CLUSTER_KEY = 60
+PRODUCE_KEY = 0
+FETCH_KEY = 1
+SHARE_FETCH_KEY = 78
+SHARE_ACKNOWLEDGE_KEY = 79
+BROKER_ENDPOINT_TYPE = 1  # DescribeCluster v1+: 1 = brokers, 2 = controllers
+
+
+def _to_proxy(entity: Any, node_id: int, context: FilterContext) -> Any:
+    endpoint = context.topology.proxy_endpoint(node_id)
+    return replace(entity, host=endpoint.host, port=i32(endpoint.port))
+
+
+class MetadataFilter:
+    api_key: int = METADATA_KEY
+
+    def wants(self, version: int, payload: bytes, body_start: int, context: FilterContext) -> bool:
+        return True
+
+    async def rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
+        brokers = response.brokers
+        await context.topology.observe(((b.node_id, b.host, b.port) for b in brokers), True)
+        return replace(response, brokers=tuple(_to_proxy(b, b.node_id, context) for b in brokers))
+
+
+class FindCoordinatorFilter:
+    """v0-3 carry one coordinator at the top level; v4+ a list of them (KIP-699)."""
+
+    api_key: int = FIND_COORDINATOR_KEY
+
+    def wants(self, version: int, payload: bytes, body_start: int, context: FilterContext) -> bool:
+        return True
+
+    async def rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
+        if version < 4:
+            if response.node_id < 0:  # an error answer carries no coordinator
+                return response
+            await context.topology.observe(
+                [(response.node_id, response.host, response.port)], False
+            )
+            return _to_proxy(response, response.node_id, context)
+        found = [c for c in response.coordinators if c.node_id >= 0]
+        await context.topology.observe(((c.node_id, c.host, c.port) for c in found), False)
+        return replace(
+            response,
+            coordinators=tuple(
+                _to_proxy(c, c.node_id, context) if c.node_id >= 0 else c
+                for c in response.coordinators
+            ),
+        )
+
+
+class DescribeClusterFilter:
+    api_key: int = DESCRIBE_CLUSTER_KEY
+
+    def wants(self, version: int, payload: bytes, body_start: int, context: FilterContext) -> bool:
+        return True
+
+    async def rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
+        # Controllers (KIP-919 bootstrap) are not proxied; their addresses pass as they are.
+        if getattr(response, "endpoint_type", BROKER_ENDPOINT_TYPE) != BROKER_ENDPOINT_TYPE:
+            return response
+        brokers = response.brokers
+        await context.topology.observe(((b.broker_id, b.host, b.port) for b in brokers), True)
+        return replace(response, brokers=tuple(_to_proxy(b, b.broker_id, context) for b in brokers))
+
+
+class NodeEndpointsFilter:
+    """KIP-951: responses that name the new leader's endpoint after a leadership change.
+
+    These are large responses (Fetch carries records), so they are decoded only when the
+    raw bytes contain an upstream host name at all, which is how an endpoint would appear.
+    """
+
+    def __init__(self, api_key: int, first_version: int) -> None:
+        self.api_key = api_key
+        self.first_version = first_version
+
+    def wants(self, version: int, payload: bytes, body_start: int, context: FilterContext) -> bool:
+        if version < self.first_version:
+            return False
+        hosts = context.topology.upstream_hosts()
+        return any(payload.find(host, body_start) >= 0 for host in hosts)
+
+    async def rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
+        endpoints = getattr(response, "node_endpoints", ())
+        if not endpoints:
+            return response
+        await context.topology.observe(((e.node_id, e.host, e.port) for e in endpoints), False)
+        return replace(
+            response,
+            node_endpoints=tuple(_to_proxy(e, e.node_id, context) for e in endpoints),
+        )

@@ -1,0 +1,62 @@
+"""ApiVersions: advertise only what both the upstream broker and the proxy can speak.
+
+A client negotiates every later request from this answer, so capping each API at the
+versions kio can decode guarantees that every response the proxy must rewrite is one it
+can read. APIs unknown to the proxy are left out altogether.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import replace
+from typing import Any
+
+import kio.schema.api_versions.v0.response as api_versions_v0
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16
+
+from proxy.filters.base import FilterContext
+from proxy.schemas import API_VERSIONS_KEY, DECODABLE_VERSIONS, VersionRange, encode_body
+
+_ERROR_CODE = struct.Struct(">h")
+
+
+class ApiVersionsFilter:
+    api_key: int = API_VERSIONS_KEY
+
+    def wants(self, version: int, payload: bytes, body_start: int, context: FilterContext) -> bool:
+        # An error answer is encoded as v0 whatever the request's version; the client
+        # retries with a version the proxy accepts, so it passes through as it is.
+        (error_code,) = _ERROR_CODE.unpack_from(payload, body_start)
+        return bool(error_code == 0)
+
+    async def rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
+        kept = []
+        for entry in response.api_keys:
+            ours = DECODABLE_VERSIONS.get(int(entry.api_key))
+            if ours is None:
+                continue
+            both = ours.intersect(VersionRange(int(entry.min_version), int(entry.max_version)))
+            if both is not None:
+                kept.append(replace(entry, min_version=i16(both.min), max_version=i16(both.max)))
+        return replace(response, api_keys=tuple(kept))
+
+
+def unsupported_api_versions_body() -> bytes:
+    """Kafka's answer to an ApiVersions request newer than it knows: error plus its range.
+
+    It is always encoded as v0 so that the client can read it and retry at a version the
+    proxy supports.
+    """
+    ours = DECODABLE_VERSIONS[API_VERSIONS_KEY]
+    response = api_versions_v0.ApiVersionsResponse(
+        error_code=ErrorCode.unsupported_version,
+        api_keys=(
+            api_versions_v0.ApiVersion(
+                api_key=i16(API_VERSIONS_KEY),
+                min_version=i16(ours.min),
+                max_version=i16(ours.max),
+            ),
+        ),
+    )
+    return encode_body(response)

@@ -1,0 +1,190 @@
+"""The proxy runtime: a bootstrap listener, one listener per upstream broker, and shutdown.
+
+The bootstrap listener forwards to any upstream bootstrap server. The listener of broker
+N forwards to broker N's current address. Listeners follow the upstream topology: a
+broker that joins gets one as soon as any response names it, a broker that leaves the
+cluster loses its listener at the next full broker list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from proxy import metrics
+from proxy.config import ProxySettings
+from proxy.connection import ClientConnection, ConnectionSettings, UpstreamResolver
+from proxy.filters import FilterContext, default_response_filters
+from proxy.topology import Endpoint, Topology
+from proxy.upstream_client import fetch_brokers
+
+log = structlog.get_logger(__name__)
+
+
+class ProxyServer:
+    def __init__(self, settings: ProxySettings) -> None:
+        self.settings = settings
+        self.topology = Topology(
+            bootstrap=settings.upstream_endpoints,
+            advertised_host=settings.effective_advertised_host,
+            broker_port_base=settings.effective_broker_port_base,
+            node_id_offset=settings.node_id_offset,
+        )
+        self.topology.on_brokers_changed(self._reconcile_listeners)
+        self._filters = default_response_filters()
+        self._filter_context = FilterContext(self.topology)
+        self._connection_settings = ConnectionSettings(
+            max_frame_bytes=settings.max_frame_bytes,
+            max_in_flight=settings.max_in_flight_per_connection,
+            connect_timeout_s=settings.upstream_connect_timeout_s,
+        )
+        self._bootstrap_server: asyncio.Server | None = None
+        self._broker_servers: dict[int, asyncio.Server] = {}
+        self._connections: dict[ClientConnection, asyncio.Task[None]] = {}
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._bootstrap_rotation = itertools.count()
+        self.last_refresh_ok: float | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        listen = self.settings.listen_endpoint
+        self._bootstrap_server = await asyncio.start_server(
+            self._acceptor("bootstrap", self._bootstrap_candidates), listen.host, listen.port
+        )
+        log.info(
+            "bootstrap listener open",
+            listen=str(listen),
+            advertised_host=self.topology.advertised_host,
+            broker_port_base=self.topology.broker_port_base,
+            upstream=[str(e) for e in self.topology.bootstrap],
+        )
+        if not await self.refresh_metadata():
+            log.warning("upstream not reachable yet; broker listeners open once it answers")
+        self._refresh_task = asyncio.create_task(self._refresh_loop(), name="metadata-refresh")
+
+    async def shutdown(self) -> None:
+        """Close listeners, let every connection answer what it took, then close them."""
+        log.info("shutting down", connections=len(self._connections))
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
+        servers = [s for s in [self._bootstrap_server, *self._broker_servers.values()] if s]
+        for server in servers:
+            server.close()
+        for connection in list(self._connections):
+            connection.drain()
+        tasks = list(self._connections.values())
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.settings.drain_timeout_s)
+            for task in late:
+                task.cancel()
+            if late:
+                log.warning("connections closed before answering everything", count=len(late))
+                await asyncio.gather(*late, return_exceptions=True)
+        for server in servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        self._broker_servers.clear()
+        metrics.BROKER_LISTENERS.set(0)
+        log.info("shutdown complete")
+
+    # ----------------------------------------------------------------- topology
+
+    async def refresh_metadata(self) -> bool:
+        """Ask the upstream cluster for its brokers; True when one of them answered."""
+        for endpoint in self._refresh_candidates():
+            try:
+                brokers = await fetch_brokers(endpoint, self.settings.upstream_connect_timeout_s)
+            except (OSError, TimeoutError, ValueError) as exc:
+                metrics.UPSTREAM_ERRORS.labels("metadata").inc()
+                log.debug("metadata refresh failed", upstream=str(endpoint), error=str(exc))
+                continue
+            await self.topology.observe(brokers, complete=True)
+            self.last_refresh_ok = asyncio.get_running_loop().time()
+            return True
+        return False
+
+    def _refresh_candidates(self) -> list[Endpoint]:
+        known = [e for n in sorted(self.topology.node_ids) if (e := self.topology.upstream(n))]
+        return list(dict.fromkeys([*self.topology.bootstrap, *known]))
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.metadata_refresh_s)
+            if not await self.refresh_metadata():
+                log.warning("metadata refresh failed on every known upstream broker")
+
+    async def _reconcile_listeners(self, node_ids: set[int]) -> None:
+        for node_id in sorted(node_ids - set(self._broker_servers)):
+            endpoint = self.topology.proxy_endpoint(node_id)
+            listen_host = self.settings.listen_endpoint.host
+            try:
+                self._broker_servers[node_id] = await asyncio.start_server(
+                    self._acceptor(f"broker-{node_id}", self._broker_candidates(node_id)),
+                    listen_host,
+                    endpoint.port,
+                )
+            except OSError as exc:
+                log.error("cannot open broker listener", node_id=node_id, error=str(exc))
+                continue
+            log.info(
+                "broker listener open", node_id=node_id, listen=f"{listen_host}:{endpoint.port}"
+            )
+        for node_id in sorted(set(self._broker_servers) - node_ids):
+            # Open connections stay; new ones are refused as they would be by a gone broker.
+            self._broker_servers.pop(node_id).close()
+            log.info("broker listener closed", node_id=node_id)
+        metrics.BROKER_LISTENERS.set(len(self._broker_servers))
+
+    def broker_ports(self) -> dict[int, int]:
+        return {
+            node_id: server.sockets[0].getsockname()[1]
+            for node_id, server in self._broker_servers.items()
+            if server.sockets
+        }
+
+    # ----------------------------------------------------------------- connections
+
+    async def _bootstrap_candidates(self) -> list[Endpoint]:
+        bootstrap = self.topology.bootstrap
+        start = next(self._bootstrap_rotation) % len(bootstrap)
+        rotated = bootstrap[start:] + bootstrap[:start]
+        known = [e for n in sorted(self.topology.node_ids) if (e := self.topology.upstream(n))]
+        return list(dict.fromkeys([*rotated, *known]))
+
+    def _broker_candidates(self, node_id: int) -> UpstreamResolver:
+        async def resolve() -> list[Endpoint]:
+            endpoint = self.topology.upstream(node_id)
+            if endpoint is None:
+                await self.refresh_metadata()
+                endpoint = self.topology.upstream(node_id)
+            return [endpoint] if endpoint else []
+
+        return resolve
+
+    def _acceptor(
+        self, listener: str, resolve: UpstreamResolver
+    ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connection = ClientConnection(
+                reader,
+                writer,
+                listener,
+                resolve,
+                self._filters,
+                self._filter_context,
+                self._connection_settings,
+            )
+            task = asyncio.current_task()
+            assert task is not None
+            self._connections[connection] = task
+            try:
+                await connection.serve()
+            finally:
+                self._connections.pop(connection, None)
+
+        return accept

@@ -1,0 +1,109 @@
+"""The upstream cluster as the proxy sees it, and the proxy address that stands for each broker.
+
+Every upstream broker gets a proxy listener on a port derived from its node id
+(``broker_port_base + node_id - node_id_offset``), the port-per-broker scheme of
+Kroxylicious. The mapping is a pure function of the node id, so every proxy instance and
+every restart advertises the same address for the same broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Endpoint:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Endpoint:
+        host, sep, port = text.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected HOST:PORT, got {text!r}")
+        return cls(host.strip("[]"), int(port))
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+ListenerReconciler = Callable[[set[int]], Awaitable[None]]
+
+
+class Topology:
+    """Upstream broker addresses by node id, and the proxy's advertised address for each."""
+
+    def __init__(
+        self,
+        bootstrap: list[Endpoint],
+        advertised_host: str,
+        broker_port_base: int,
+        node_id_offset: int = 0,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.advertised_host = advertised_host
+        self.broker_port_base = broker_port_base
+        self.node_id_offset = node_id_offset
+        self._upstream: dict[int, Endpoint] = {}
+        self._reconciler: ListenerReconciler | None = None
+        self._lock = asyncio.Lock()
+        self.refreshed = asyncio.Event()  # set once a full broker list has been seen
+
+    def on_brokers_changed(self, reconciler: ListenerReconciler) -> None:
+        self._reconciler = reconciler
+
+    def proxy_port(self, node_id: int) -> int:
+        port = self.broker_port_base + node_id - self.node_id_offset
+        if not 0 < port < 65536:
+            raise ValueError(
+                f"broker node id {node_id} maps to port {port}; set broker_port_base and "
+                f"node_id_offset so that every node id gets a valid port"
+            )
+        return port
+
+    def proxy_endpoint(self, node_id: int) -> Endpoint:
+        return Endpoint(self.advertised_host, self.proxy_port(node_id))
+
+    def upstream(self, node_id: int) -> Endpoint | None:
+        return self._upstream.get(node_id)
+
+    @property
+    def node_ids(self) -> set[int]:
+        return set(self._upstream)
+
+    def upstream_hosts(self) -> set[bytes]:
+        """Host names as they appear on the wire; a response without any needs no rewrite."""
+        return {endpoint.host.encode() for endpoint in self._upstream.values()}
+
+    async def observe(self, brokers: Iterable[tuple[int, str, int]], complete: bool) -> None:
+        """Record brokers seen in a response.
+
+        ``complete`` lists (Metadata, DescribeCluster) replace the known set, so brokers that
+        left the cluster lose their listener; partial ones (node endpoints) only add.
+        """
+        seen = {node_id: Endpoint(host, port) for node_id, host, port in brokers}
+        async with self._lock:
+            before = dict(self._upstream)
+            if complete:
+                self._upstream = seen
+            else:
+                self._upstream.update(seen)
+            if complete:
+                self.refreshed.set()
+            if self._upstream == before:
+                return
+            changed = {
+                node_id: str(endpoint)
+                for node_id, endpoint in self._upstream.items()
+                if before.get(node_id) != endpoint
+            }
+            gone = sorted(set(before) - set(self._upstream))
+            log.info("upstream brokers changed", changed=changed, gone=gone)
+            if self._reconciler is not None:
+                await self._reconciler(set(self._upstream))

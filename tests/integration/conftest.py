@@ -1,0 +1,50 @@
+"""A proxy process in front of the local Kafka, plus small helpers the integration tests share."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from deploy.local import EnvInfo
+from proxy.launcher import ProxyProcess
+
+# Ports of the test proxy: away from the defaults (so a proxy run by hand stays usable) and
+# below the ephemeral range (so an outgoing connection cannot be holding them).
+TEST_LISTEN_PORT = 28292
+TEST_ADMIN_PORT = 28280
+TEST_BROKER_PORT_BASE = 28293
+TEST_MAX_FRAME_BYTES = 8 * 1024 * 1024
+
+
+@pytest.fixture(scope="session")
+def proxy_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("proxy") / "proxy.log"
+
+
+@pytest.fixture(scope="session")
+def proxy(local_env: EnvInfo, proxy_log: Path) -> Iterator[ProxyProcess]:
+    process = ProxyProcess(
+        upstream=local_env.bootstrap,
+        listen_port=TEST_LISTEN_PORT,
+        admin_port=TEST_ADMIN_PORT,
+        extra_args=["--broker-port-base", str(TEST_BROKER_PORT_BASE), "--log-format", "json"],
+        env={"DEDUP_PROXY_MAX_FRAME_BYTES": str(TEST_MAX_FRAME_BYTES)},
+        log_path=proxy_log,
+    )
+    process.start()
+    yield process
+    assert process.stop() == 0, f"proxy did not shut down cleanly; see {proxy_log}"
+
+
+@pytest.fixture
+def topic(local_env: EnvInfo) -> Iterator[str]:
+    """A fresh single-partition topic, created directly on Kafka and deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
+    admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=-1)])[name].result(30)
+    yield name
+    admin.delete_topics([name])[name].result(30)

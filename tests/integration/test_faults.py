@@ -1,0 +1,122 @@
+"""Faults around the proxy: an upstream broker that dies and comes back, and proxy shutdown."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+from pathlib import Path
+
+import kio.schema.fetch.v12.request as fetch_v12
+import pytest
+from confluent_kafka import KafkaError, Producer
+from kio.schema.types import TopicName
+from kio.static.primitive import i32, i32Timedelta, i64
+
+from deploy.local import EnvInfo, LocalEnvironment
+from proxy.launcher import ProxyProcess
+from proxy.upstream_client import encode_request
+from tests.integration.test_clients import consume_confluent
+from tests.integration.test_protocol import correlation_id, read_response
+
+pytestmark = pytest.mark.integration
+
+
+def test_broker_restart_under_load_clients_recover_through_the_proxy(
+    proxy: ProxyProcess,
+    local_environment: LocalEnvironment,
+    local_env: EnvInfo,
+    topic: str,
+    proxy_log: Path,
+) -> None:
+    total = 3000
+    errors: list[KafkaError] = []
+    delivered = 0
+    producer = Producer(
+        {
+            "bootstrap.servers": proxy.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 2,
+            "message.timeout.ms": 180_000,
+        }
+    )
+
+    def on_delivery(err: KafkaError | None, _message: object) -> None:
+        nonlocal delivered
+        if err is not None:
+            errors.append(err)
+        else:
+            delivered += 1
+
+    def produce_all() -> None:
+        for index in range(total):
+            producer.produce(topic, str(index).encode(), on_delivery=on_delivery)
+            producer.poll(0)
+            time.sleep(0.001)
+        producer.flush(180)
+
+    sender = threading.Thread(target=produce_all)
+    sender.start()
+    deadline = time.monotonic() + 60
+    while delivered < 500 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert delivered >= 500, "the producer never got going through the proxy"
+    (node_id,) = local_env.brokers
+    local_environment.kill_broker(node_id)
+    time.sleep(3)
+    local_environment.start_broker(node_id)
+    sender.join(240)
+    assert not sender.is_alive()
+    assert errors == []
+    assert delivered == total
+    values = [m.value() for m in consume_confluent(proxy.bootstrap, topic, total)]
+    assert values == [str(i).encode() for i in range(total)]
+    assert "upstream connection ended" in proxy_log.read_text()
+    assert proxy.health() is not None and proxy.health()["status"] == "ok"  # type: ignore[index]
+
+
+def long_poll_fetch(topic: str, wait_ms: int) -> fetch_v12.FetchRequest:
+    return fetch_v12.FetchRequest(
+        max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=wait_ms)),
+        min_bytes=i32(1),
+        topics=(
+            fetch_v12.FetchTopic(
+                topic=TopicName(topic),
+                partitions=(
+                    fetch_v12.FetchPartition(
+                        partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+
+
+def test_graceful_shutdown_answers_requests_in_flight(
+    local_env: EnvInfo, topic: str, tmp_path: Path
+) -> None:
+    """SIGTERM while a Fetch long-polls upstream: the answer still reaches the client."""
+    second = ProxyProcess(
+        upstream=local_env.bootstrap,
+        listen_port=28392,
+        admin_port=28380,
+        extra_args=["--broker-port-base", "28393"],
+        log_path=tmp_path / "proxy.log",
+    ).start()
+    with socket.create_connection(("127.0.0.1", second.listen_port), timeout=30) as sock:
+        sock.sendall(encode_request(long_poll_fetch(topic, 3000), 41))
+        time.sleep(0.5)  # the request is now waiting inside Kafka
+        started = time.monotonic()
+        stopper = threading.Thread(target=second.stop)
+        stopper.start()
+        answer = read_response(sock)
+        waited = time.monotonic() - started
+        assert correlation_id(answer) == 41
+        assert waited > 1.5, "the answer came too early to have been a long poll"
+        assert sock.recv(1) == b"", "the connection stays open after draining"
+        stopper.join(30)
+    assert second.stop() == 0
+    assert "shutdown complete" in (tmp_path / "proxy.log").read_text()

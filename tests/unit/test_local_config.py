@@ -1,0 +1,171 @@
+"""Configuration of the local environment, generated without starting anything."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from deploy import config
+from deploy.config import Ports
+from deploy.local import EnvInfo
+from deploy.processes import ManagedProcess
+
+pytestmark = pytest.mark.unit
+
+DATA = Path("/tmp/kafka-node/data")
+
+
+def props(node_id: int, brokers: int, ports: Ports | None = None) -> dict[str, str]:
+    text = config.render_properties(
+        config.server_properties(node_id, brokers, ports or Ports(), DATA), "header"
+    )
+    return config.parse_properties(text)
+
+
+def test_single_node_is_a_combined_kraft_node_with_replication_one() -> None:
+    p = props(0, 1)
+    assert p["process.roles"] == "broker,controller"
+    assert p["node.id"] == "0"
+    assert p["controller.quorum.voters"] == "0@127.0.0.1:19192"
+    assert p["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19192"
+    assert p["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert p["controller.listener.names"] == "CONTROLLER"
+    assert p["inter.broker.listener.name"] == "PLAINTEXT"
+    assert p["log.dirs"] == str(DATA)
+    for key in (
+        "default.replication.factor",
+        "min.insync.replicas",
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "transaction.state.log.min.isr",
+        "share.coordinator.state.topic.replication.factor",
+        "share.coordinator.state.topic.min.isr",
+    ):
+        assert p[key] == "1", key
+
+
+def test_common_settings() -> None:
+    for brokers in (1, 3):
+        p = props(0, brokers)
+        assert p["auto.create.topics.enable"] == "true"
+        assert p["num.partitions"] == "1"
+        assert p["group.initial.rebalance.delay.ms"] == "0"
+        assert int(p["broker.heartbeat.interval.ms"]) < int(p["broker.session.timeout.ms"])
+
+
+def test_three_nodes_replicate_three_ways_and_need_two_in_sync() -> None:
+    for node in range(3):
+        p = props(node, 3)
+        assert p["node.id"] == str(node)
+        assert p["controller.quorum.voters"] == (
+            "0@127.0.0.1:19192,1@127.0.0.1:19193,2@127.0.0.1:19194"
+        )
+        assert p["listeners"] == (
+            f"PLAINTEXT://127.0.0.1:{19092 + node},CONTROLLER://127.0.0.1:{19192 + node}"
+        )
+        assert p["default.replication.factor"] == "3"
+        assert p["min.insync.replicas"] == "2"
+        assert p["offsets.topic.replication.factor"] == "3"
+        assert p["transaction.state.log.replication.factor"] == "3"
+        assert p["transaction.state.log.min.isr"] == "2"
+        assert p["share.coordinator.state.topic.replication.factor"] == "3"
+        assert p["share.coordinator.state.topic.min.isr"] == "2"
+
+
+def test_port_base_moves_every_listener() -> None:
+    p = props(1, 3, Ports(kafka_base=29092))
+    assert p["listeners"] == "PLAINTEXT://127.0.0.1:29093,CONTROLLER://127.0.0.1:29193"
+    assert p["controller.quorum.voters"].startswith("0@127.0.0.1:29192,")
+
+
+def test_ports_from_environment() -> None:
+    assert Ports.from_env({}) == Ports(kafka_base=19092, redis=16379)
+    env = {"DEDUP_LOCAL_KAFKA_PORT": "29092", "DEDUP_LOCAL_REDIS_PORT": "26379"}
+    assert Ports.from_env(env) == Ports(kafka_base=29092, redis=26379)
+    with pytest.raises(ValueError, match="DEDUP_LOCAL_KAFKA_PORT"):
+        Ports.from_env({"DEDUP_LOCAL_KAFKA_PORT": "kafka"})
+    with pytest.raises(ValueError, match="DEDUP_LOCAL_REDIS_PORT"):
+        Ports.from_env({"DEDUP_LOCAL_REDIS_PORT": "80"})
+
+
+@pytest.mark.parametrize("brokers", [0, 2, 4])
+def test_unsupported_broker_counts_are_refused(brokers: int) -> None:
+    with pytest.raises(ValueError, match="brokers"):
+        config.server_properties(0, brokers, Ports(), DATA)
+
+
+def test_node_id_must_be_in_the_cluster() -> None:
+    with pytest.raises(ValueError, match="node id"):
+        config.server_properties(3, 3, Ports(), DATA)
+
+
+def test_cluster_id_looks_like_a_kafka_uuid() -> None:
+    ids = {config.random_cluster_id() for _ in range(200)}
+    assert len(ids) == 200
+    for cluster_id in ids:
+        assert len(cluster_id) == 22
+        assert not cluster_id.startswith("-")
+        assert set(cluster_id) <= set(
+            "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+        )
+
+
+def test_redis_config_is_private_and_append_only() -> None:
+    text = config.redis_config(
+        16379, Path("/s/redis/data"), Path("/s/redis/redis.pid"), Path("/s/redis/redis.log")
+    )
+    settings = dict(line.split(" ", 1) for line in text.splitlines())
+    assert settings["bind"] == "127.0.0.1"
+    assert settings["port"] == "16379"
+    assert settings["dir"] == "/s/redis/data"
+    assert settings["pidfile"] == "/s/redis/redis.pid"
+    assert settings["logfile"] == "/s/redis/redis.log"
+    assert settings["appendonly"] == "yes"
+    assert settings["daemonize"] == "no"
+
+
+def test_kafka_command_line() -> None:
+    argv = config.kafka_jvm_command(
+        "java", "/libs/*", Path("/cfg/log4j2.properties"), Path("/n/logs"), Path("/n/s.props")
+    )
+    assert argv[0] == "java"
+    assert "-Xmx512m" in argv and "-Xms256m" in argv and "-XX:+UseG1GC" in argv
+    assert "-Dlog4j2.configurationFile=/cfg/log4j2.properties" in argv
+    assert "-Dkafka.logs.dir=/n/logs" in argv
+    assert argv[-4:] == ["-cp", "/libs/*", "kafka.Kafka", "/n/s.props"]
+
+
+def test_env_info_json_shape() -> None:
+    info = EnvInfo(
+        bootstrap="127.0.0.1:19092,127.0.0.1:19093",
+        brokers={1: "127.0.0.1:19093", 0: "127.0.0.1:19092"},
+        redis="redis://127.0.0.1:16379/0",
+    )
+    data = info.to_json()
+    assert data == {
+        "bootstrap": "127.0.0.1:19092,127.0.0.1:19093",
+        "brokers": {"0": "127.0.0.1:19092", "1": "127.0.0.1:19093"},
+        "redis": "redis://127.0.0.1:16379/0",
+    }
+    assert EnvInfo.from_json(data) == info
+
+
+def test_stale_or_foreign_pid_files_mean_not_running(tmp_path: Path) -> None:
+    proc = ManagedProcess(
+        name="x",
+        pid_file=tmp_path / "x.pid",
+        log_file=tmp_path / "x.log",
+        marker=str(tmp_path / "x.conf"),
+    )
+    assert proc.running_pid() is None  # no pid file
+    proc.pid_file.write_text("not a pid\n")
+    assert proc.running_pid() is None
+    # A live process that is not ours (its command line lacks the marker): a reused pid.
+    proc.pid_file.write_text(f"{os.getpid()}\n")
+    assert proc.running_pid() is None
+    # A pid no process has (above the kernel's pid_max limit).
+    proc.pid_file.write_text(f"{2**22 + 1}\n")
+    assert proc.running_pid() is None
+    assert proc.kill() is False
