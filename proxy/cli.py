@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from deploy.cli import local_app
 
+from deploy.cli import local_app
 from proxy.config import ConfigError, load_settings
 from proxy.logs import configure_logging
 
