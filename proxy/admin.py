@@ -1,4 +1,4 @@
-"""The admin HTTP port: Prometheus metrics at /metrics and a health check at /healthz."""
+"""The admin HTTP port: /metrics (Prometheus), /healthz, and the dedup API under /v1."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from dedup.admin_api import add_dedup_routes
 from proxy.server import ProxyServer
 
 # The upstream view is stale after this many missed refreshes: report unhealthy.
@@ -35,6 +36,7 @@ def build_admin_app(server: ProxyServer) -> web.Application:
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    add_dedup_routes(app, server.dedup)
     return app
 
 

@@ -38,6 +38,9 @@ def serve(
     ] = None,
     redis: Annotated[str | None, typer.Option(help="Redis URL")] = None,
     admin: Annotated[str | None, typer.Option(help="admin HTTP listener, HOST:PORT")] = None,
+    no_dedup: Annotated[
+        bool, typer.Option("--no-dedup", help="start with dedup disabled for unpoliced topics")
+    ] = False,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error")] = None,
     log_format: Annotated[str | None, typer.Option(help="json or console")] = None,
 ) -> None:
@@ -55,6 +58,7 @@ def serve(
             admin=admin,
             log_level=log_level,
             log_format=log_format,
+            dedup=False if no_dedup else None,
         )
     except ConfigError as exc:
         typer.echo(f"dedup-proxy: {exc}", err=True)

@@ -52,6 +52,11 @@ class ProxySettings(BaseSettings):
         description="port of the listener for broker node 0 (default: listen port + 1)",
     )
     node_id_offset: int = Field(default=0, description="node id that maps to broker_port_base")
+    advertised_broker_port_base: int | None = Field(
+        default=None,
+        description="broker port base clients are told, behind port forwarding "
+        "(default: broker_port_base)",
+    )
     admin: str = Field(default=DEFAULT_ADMIN, description="admin HTTP listener, HOST:PORT")
     redis: str = Field(default="redis://127.0.0.1:16379/0", description="Redis URL")
     max_frame_bytes: int = Field(default=KAFKA_DEFAULT_MAX_REQUEST_BYTES, gt=0)
@@ -59,6 +64,15 @@ class ProxySettings(BaseSettings):
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
     metadata_refresh_s: float = Field(default=30.0, gt=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    dedup: bool = Field(
+        default=True,
+        description="dedup for topics without a policy (the proxy-wide default; --no-dedup)",
+    )
+    dedup_producer_header: str = Field(default="dedup.producer", min_length=1)
+    dedup_sequence_header: str = Field(default="dedup.sequence", min_length=1)
+    redis_key_prefix: str = Field(default="dedup", min_length=1)
+    max_producers_per_partition: int = Field(default=10_000, gt=0)
+    producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
 

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
@@ -58,6 +59,19 @@ class ConnectionSettings:
 UpstreamResolver = Callable[[], Awaitable[list[Endpoint]]]
 
 
+class ProduceHandler(Protocol):
+    async def take(
+        self, header: RequestHeader, payload: bytes, broker: Endpoint
+    ) -> asyncio.Future[bytes] | None:
+        """None: forward as is; else the future of the answer the proxy makes itself."""
+        ...
+
+
+def _log_unanswered_failure(task: asyncio.Future[bytes]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("acks=0 produce failed", error=repr(task.exception()))
+
+
 @dataclass(slots=True)
 class _Pending:
     header: RequestHeader
@@ -78,6 +92,7 @@ class ClientConnection:
         filters: Mapping[int, ResponseFilter],
         filter_context: FilterContext,
         settings: ConnectionSettings,
+        produce_handler: ProduceHandler | None = None,
     ) -> None:
         self._client_reader = client_reader
         self._client_writer = client_writer
@@ -86,6 +101,8 @@ class ClientConnection:
         self._filters = filters
         self._filter_context = filter_context
         self._settings = settings
+        self._produce_handler = produce_handler
+        self._upstream_endpoint: Endpoint | None = None
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._answers: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._awaiting_upstream: deque[_Pending] = deque()
@@ -152,10 +169,12 @@ class ClientConnection:
         errors = []
         for endpoint in candidates:
             try:
-                return await asyncio.wait_for(
+                streams = await asyncio.wait_for(
                     asyncio.open_connection(endpoint.host, endpoint.port),
                     self._settings.connect_timeout_s,
                 )
+                self._upstream_endpoint = endpoint
+                return streams
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{endpoint}: {exc or type(exc).__name__}")
         raise UpstreamUnavailable("; ".join(errors) or "no upstream broker known")
@@ -176,6 +195,16 @@ class ClientConnection:
                 self._answer_locally(header, unsupported_api_versions_body())
                 continue
             expects_answer = header.api_key != PRODUCE_KEY or produce_acks(payload, header) != 0
+            if header.api_key == PRODUCE_KEY and self._produce_handler is not None:
+                assert self._upstream_endpoint is not None
+                taken = await self._produce_handler.take(header, payload, self._upstream_endpoint)
+                if taken is not None:
+                    if expects_answer:
+                        await self._in_flight.acquire()
+                        self._answers.put_nowait(_Pending(header, taken, from_upstream=False))
+                    else:
+                        taken.add_done_callback(_log_unanswered_failure)
+                    continue
             if expects_answer:
                 await self._in_flight.acquire()
                 pending = _Pending(header, asyncio.get_running_loop().create_future())
@@ -216,6 +245,8 @@ class ClientConnection:
             header = pending.header
             if pending.from_upstream:
                 payload = await self._filter(header, payload)
+            if client.is_closing():
+                raise ConnectionResetError("client connection closed")
             client.write(len(payload).to_bytes(4, "big"))
             client.write(payload)
             api = metrics.for_api(header.api_key)

@@ -37,6 +37,11 @@ class VersionRange:
         return VersionRange(low, high) if low <= high else None
 
 
+# Produce v13 names topics by id only; dedup state, policies and the upstream writer key on
+# topic names, so the proxy offers Produce up to v12 (every client negotiates down).
+_VERSION_CAPS = {0: 12}
+
+
 def _decodable_versions() -> dict[int, VersionRange]:
     """Versions per API key for which kio has both the request and the response schema."""
     ranges: dict[int, VersionRange] = {}
@@ -52,7 +57,7 @@ def _decodable_versions() -> dict[int, VersionRange]:
         low = versions[-1]
         while low - 1 in versions:
             low -= 1
-        ranges[api_key] = VersionRange(low, versions[-1])
+        ranges[api_key] = VersionRange(low, min(versions[-1], _VERSION_CAPS.get(api_key, 1 << 15)))
     return ranges
 
 
@@ -96,6 +101,20 @@ def decode_response_body(api_key: int, version: int, payload: bytes, body_start:
     trailing = len(payload) - body_start - size
     if trailing:
         raise ValueError(f"{api_name(api_key)} v{version} response has {trailing} trailing bytes")
+    return entity
+
+
+@cache
+def _request_type(api_key: int, version: int) -> type[Any]:
+    return load_request_schema(api_key, version)
+
+
+def decode_request_body(api_key: int, version: int, payload: bytes, body_start: int) -> Any:
+    """Decode the request body that starts at ``body_start`` into a kio entity."""
+    entity, size = entity_reader(_request_type(api_key, version))(payload, body_start)
+    trailing = len(payload) - body_start - size
+    if trailing:
+        raise ValueError(f"{api_name(api_key)} v{version} request has {trailing} trailing bytes")
     return entity
 
 

@@ -14,13 +14,17 @@ import itertools
 from collections.abc import Awaitable, Callable
 
 import structlog
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.types import TopicName
 
+from dedup.service import DedupService
 from proxy import metrics
 from proxy.config import ProxySettings
 from proxy.connection import ClientConnection, ConnectionSettings, UpstreamResolver
 from proxy.filters import FilterContext, default_response_filters
+from proxy.filters.produce import DedupProduceHandler
 from proxy.topology import Endpoint, Topology
-from proxy.upstream_client import fetch_brokers
+from proxy.upstream_client import UpstreamClient, fetch_brokers
 
 log = structlog.get_logger(__name__)
 
@@ -33,6 +37,7 @@ class ProxyServer:
             advertised_host=settings.effective_advertised_host,
             broker_port_base=settings.effective_broker_port_base,
             node_id_offset=settings.node_id_offset,
+            advertised_port_base=settings.advertised_broker_port_base,
         )
         self.topology.on_brokers_changed(self._reconcile_listeners)
         self._filters = default_response_filters()
@@ -48,6 +53,8 @@ class ProxyServer:
         self._refresh_task: asyncio.Task[None] | None = None
         self._bootstrap_rotation = itertools.count()
         self.last_refresh_ok: float | None = None
+        self.dedup = DedupService(settings, self._refresh_candidates, self.leader_of)
+        self._produce_handler = DedupProduceHandler(self.dedup.engine)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -65,6 +72,7 @@ class ProxyServer:
         )
         if not await self.refresh_metadata():
             log.warning("upstream not reachable yet; broker listeners open once it answers")
+        await self.dedup.start()
         self._refresh_task = asyncio.create_task(self._refresh_loop(), name="metadata-refresh")
 
     async def shutdown(self) -> None:
@@ -85,6 +93,8 @@ class ProxyServer:
             if late:
                 log.warning("connections closed before answering everything", count=len(late))
                 await asyncio.gather(*late, return_exceptions=True)
+        await self._produce_handler.drain()
+        await self.dedup.close()
         for server in servers:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
@@ -108,6 +118,28 @@ class ProxyServer:
             return True
         return False
 
+    async def leader_of(self, topic: str, partition: int) -> Endpoint | None:
+        """The upstream address of a partition's leader, asked of the cluster now."""
+        request = MetadataRequest(
+            topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        )
+        for endpoint in self._refresh_candidates():
+            try:
+                async with UpstreamClient(endpoint, self.settings.upstream_connect_timeout_s) as c:
+                    response = await c.request(request)
+            except (OSError, TimeoutError):
+                continue
+            brokers = [(int(b.node_id), b.host, int(b.port)) for b in response.brokers]
+            await self.topology.observe(brokers, complete=True)
+            for found in response.topics:
+                for part in found.partitions:
+                    if int(part.partition_index) == partition and part.error_code == 0:
+                        return self.topology.upstream(int(part.leader_id))
+            return None
+        return None
+
     def _refresh_candidates(self) -> list[Endpoint]:
         known = [e for n in sorted(self.topology.node_ids) if (e := self.topology.upstream(n))]
         return list(dict.fromkeys([*self.topology.bootstrap, *known]))
@@ -120,20 +152,18 @@ class ProxyServer:
 
     async def _reconcile_listeners(self, node_ids: set[int]) -> None:
         for node_id in sorted(node_ids - set(self._broker_servers)):
-            endpoint = self.topology.proxy_endpoint(node_id)
+            port = self.topology.proxy_port(node_id)
             listen_host = self.settings.listen_endpoint.host
             try:
                 self._broker_servers[node_id] = await asyncio.start_server(
                     self._acceptor(f"broker-{node_id}", self._broker_candidates(node_id)),
                     listen_host,
-                    endpoint.port,
+                    port,
                 )
             except OSError as exc:
                 log.error("cannot open broker listener", node_id=node_id, error=str(exc))
                 continue
-            log.info(
-                "broker listener open", node_id=node_id, listen=f"{listen_host}:{endpoint.port}"
-            )
+            log.info("broker listener open", node_id=node_id, listen=f"{listen_host}:{port}")
         for node_id in sorted(set(self._broker_servers) - node_ids):
             # Open connections stay; new ones are refused as they would be by a gone broker.
             self._broker_servers.pop(node_id).close()
@@ -178,6 +208,7 @@ class ProxyServer:
                 self._filters,
                 self._filter_context,
                 self._connection_settings,
+                self._produce_handler,
             )
             task = asyncio.current_task()
             assert task is not None

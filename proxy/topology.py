@@ -45,10 +45,15 @@ class Topology:
         advertised_host: str,
         broker_port_base: int,
         node_id_offset: int = 0,
+        advertised_port_base: int | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.advertised_host = advertised_host
         self.broker_port_base = broker_port_base
+        # Differs from broker_port_base only behind port forwarding (NAT, a TCP relay).
+        self.advertised_port_base = (
+            broker_port_base if advertised_port_base is None else advertised_port_base
+        )
         self.node_id_offset = node_id_offset
         self._upstream: dict[int, Endpoint] = {}
         self._reconciler: ListenerReconciler | None = None
@@ -59,16 +64,13 @@ class Topology:
         self._reconciler = reconciler
 
     def proxy_port(self, node_id: int) -> int:
-        port = self.broker_port_base + node_id - self.node_id_offset
-        if not 0 < port < 65536:
-            raise ValueError(
-                f"broker node id {node_id} maps to port {port}; set broker_port_base and "
-                f"node_id_offset so that every node id gets a valid port"
-            )
-        return port
+        """The port the proxy listens on for this broker."""
+        return _port(self.broker_port_base, node_id, self.node_id_offset)
 
     def proxy_endpoint(self, node_id: int) -> Endpoint:
-        return Endpoint(self.advertised_host, self.proxy_port(node_id))
+        """The address clients are told for this broker."""
+        port = _port(self.advertised_port_base, node_id, self.node_id_offset)
+        return Endpoint(self.advertised_host, port)
 
     def upstream(self, node_id: int) -> Endpoint | None:
         return self._upstream.get(node_id)
@@ -107,3 +109,13 @@ class Topology:
             log.info("upstream brokers changed", changed=changed, gone=gone)
             if self._reconciler is not None:
                 await self._reconciler(set(self._upstream))
+
+
+def _port(base: int, node_id: int, offset: int) -> int:
+    port = base + node_id - offset
+    if not 0 < port < 65536:
+        raise ValueError(
+            f"broker node id {node_id} maps to port {port}; set the port base and "
+            f"node_id_offset so that every node id gets a valid port"
+        )
+    return port

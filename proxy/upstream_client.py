@@ -1,7 +1,9 @@
-"""The proxy's own requests to an upstream broker (metadata refresh), encoded with kio.
+"""The proxy's own requests to an upstream broker, encoded with kio.
 
-Only what the proxy itself asks goes through here; client traffic never does. One
-request at a time per connection keeps the correlation trivially right.
+Client traffic never goes through here: this is what the proxy itself asks (metadata
+refresh, and the idempotent writer's InitProducerId and Produce requests). Requests are
+pipelined on one connection; Kafka answers them in order, so a FIFO of futures matches
+each answer to its request.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import itertools
+from collections import deque
 from typing import Any, cast
 
 from kio.schema.metadata.v12.request import MetadataRequest
@@ -18,49 +21,14 @@ from kio.static.primitive import i32
 
 from proxy.schemas import decode_response_body, encode_body, response_header_is_flexible
 from proxy.topology import Endpoint
-from proxy.wire import correlation_id_of, read_frame, response_body_start
+from proxy.wire import FrameError, correlation_id_of, read_frame, response_body_start
 
 CLIENT_ID = "dedup-proxy"
 _MAX_RESPONSE_BYTES = 1 << 30
 
 
-class UpstreamClient:
-    def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
-        self.endpoint = endpoint
-        self._timeout_s = timeout_s
-        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        self._correlation = itertools.count(1)
-        self._lock = asyncio.Lock()
-
-    async def __aenter__(self) -> UpstreamClient:
-        self._streams = await asyncio.wait_for(
-            asyncio.open_connection(self.endpoint.host, self.endpoint.port), self._timeout_s
-        )
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._streams is not None:
-            self._streams[1].close()
-            self._streams = None
-
-    async def request(self, payload: Any) -> Any:
-        if self._streams is None:
-            raise RuntimeError("not connected")
-        reader, writer = self._streams
-        correlation_id = next(self._correlation)
-        async with self._lock:
-            writer.write(encode_request(payload, correlation_id))
-            await writer.drain()
-            answer = await asyncio.wait_for(
-                read_frame(reader, _MAX_RESPONSE_BYTES), self._timeout_s
-            )
-        if answer is None:
-            raise ConnectionError(f"{self.endpoint} closed the connection")
-        if correlation_id_of(answer) != correlation_id:
-            raise ConnectionError(f"{self.endpoint} answered another request")
-        api_key, version = int(payload.__api_key__), int(payload.__version__)
-        body_start = response_body_start(answer, response_header_is_flexible(api_key, version))
-        return decode_response_body(api_key, version, answer, body_start)
+class LinkClosed(ConnectionError):
+    """The connection ended before the answer came: the request may or may not have run."""
 
 
 def encode_request(payload: Any, correlation_id: int, client_id: str = CLIENT_ID) -> bytes:
@@ -76,6 +44,91 @@ def encode_request(payload: Any, correlation_id: int, client_id: str = CLIENT_ID
     entity_writer(header_type)(buffer, header)
     message = buffer.getvalue() + encode_body(payload)
     return len(message).to_bytes(4, "big") + message
+
+
+class UpstreamClient:
+    """One connection to one broker with pipelined kio requests."""
+
+    def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
+        self.endpoint = endpoint
+        self._timeout_s = timeout_s
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._waiting: deque[tuple[int, Any, asyncio.Future[Any]]] = deque()
+        self._correlation = itertools.count(1)
+        self._closed: BaseException | None = None
+
+    async def connect(self) -> UpstreamClient:
+        reader, self._writer = await asyncio.wait_for(
+            asyncio.open_connection(self.endpoint.host, self.endpoint.port), self._timeout_s
+        )
+        self._reader_task = asyncio.create_task(self._read_answers(reader))
+        return self
+
+    @property
+    def is_open(self) -> bool:
+        return self._writer is not None and self._closed is None
+
+    async def __aenter__(self) -> UpstreamClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._fail_all(LinkClosed(f"connection to {self.endpoint} closed"))
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+    def send(self, payload: Any) -> asyncio.Future[Any]:
+        """Write a request now (synchronously, so callers control the order on the wire)
+        and return the future of its decoded answer."""
+        if self._writer is None or self._closed is not None:
+            raise LinkClosed(f"connection to {self.endpoint} is closed")
+        correlation_id = next(self._correlation)
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((correlation_id, payload, answer))
+        self._writer.write(encode_request(payload, correlation_id))
+        return answer
+
+    async def request(self, payload: Any) -> Any:
+        answer = self.send(payload)
+        assert self._writer is not None
+        await self._writer.drain()
+        return await asyncio.wait_for(answer, self._timeout_s)
+
+    async def _read_answers(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                frame = await read_frame(reader, _MAX_RESPONSE_BYTES)
+                if frame is None:
+                    raise LinkClosed(f"{self.endpoint} closed the connection")
+                if not self._waiting:
+                    raise FrameError(f"{self.endpoint} answered no request")
+                correlation_id, payload, answer = self._waiting.popleft()
+                if correlation_id_of(frame) != correlation_id:
+                    raise FrameError(f"{self.endpoint} answered out of order")
+                api_key, version = int(payload.__api_key__), int(payload.__version__)
+                flexible = response_header_is_flexible(api_key, version)
+                body_start = response_body_start(frame, flexible)
+                if not answer.done():
+                    answer.set_result(decode_response_body(api_key, version, frame, body_start))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure ends the link; every waiter learns why
+            self._fail_all(exc if isinstance(exc, LinkClosed) else LinkClosed(str(exc)))
+            if self._writer is not None:
+                self._writer.close()
+
+    def _fail_all(self, error: LinkClosed) -> None:
+        self._closed = self._closed or error
+        while self._waiting:
+            _, _, answer = self._waiting.popleft()
+            if not answer.done():
+                answer.set_exception(error)
+                answer.exception()  # retrieved: a waiter that gave up must not warn
 
 
 async def fetch_brokers(endpoint: Endpoint, timeout_s: float) -> list[tuple[int, str, int]]:

@@ -18,6 +18,9 @@ TEST_LISTEN_PORT = 28292
 TEST_ADMIN_PORT = 28280
 TEST_BROKER_PORT_BASE = 28293
 TEST_MAX_FRAME_BYTES = 8 * 1024 * 1024
+DEDUP_LISTEN_PORT = 28692
+DEDUP_ADMIN_PORT = 28680
+DEDUP_BROKER_PORT_BASE = 28693
 
 
 @pytest.fixture(scope="session")
@@ -26,18 +29,61 @@ def proxy_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def proxy(local_env: EnvInfo, proxy_log: Path) -> Iterator[ProxyProcess]:
+def redis_key_prefix() -> str:
+    """Dedup state of this test session only: runs never see each other's producers."""
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def proxy(local_env: EnvInfo, proxy_log: Path, redis_key_prefix: str) -> Iterator[ProxyProcess]:
+    """The proxy as a pure pass-through (dedup off): what Kafka clients must see unchanged."""
     process = ProxyProcess(
         upstream=local_env.bootstrap,
         listen_port=TEST_LISTEN_PORT,
         admin_port=TEST_ADMIN_PORT,
-        extra_args=["--broker-port-base", str(TEST_BROKER_PORT_BASE), "--log-format", "json"],
-        env={"DEDUP_PROXY_MAX_FRAME_BYTES": str(TEST_MAX_FRAME_BYTES)},
+        extra_args=[
+            "--broker-port-base",
+            str(TEST_BROKER_PORT_BASE),
+            "--log-format",
+            "json",
+            "--no-dedup",
+        ],
+        env={
+            "DEDUP_PROXY_MAX_FRAME_BYTES": str(TEST_MAX_FRAME_BYTES),
+            "DEDUP_PROXY_REDIS": local_env.redis,
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
+        },
         log_path=proxy_log,
     )
     process.start()
     yield process
     assert process.stop() == 0, f"proxy did not shut down cleanly; see {proxy_log}"
+
+
+@pytest.fixture(scope="session")
+def dedup_proxy_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("dedup-proxy") / "proxy.log"
+
+
+@pytest.fixture(scope="session")
+def dedup_proxy(
+    local_env: EnvInfo, dedup_proxy_log: Path, redis_key_prefix: str
+) -> Iterator[ProxyProcess]:
+    """The proxy with dedup on (the product's default)."""
+    process = ProxyProcess(
+        upstream=local_env.bootstrap,
+        listen_port=DEDUP_LISTEN_PORT,
+        admin_port=DEDUP_ADMIN_PORT,
+        extra_args=["--broker-port-base", str(DEDUP_BROKER_PORT_BASE), "--log-format", "json"],
+        env={
+            "DEDUP_PROXY_REDIS": local_env.redis,
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
+        },
+        log_path=dedup_proxy_log,
+    )
+    process.start()
+    yield process
+    assert process.stop() == 0, f"proxy did not shut down cleanly; see {dedup_proxy_log}"
 
 
 @pytest.fixture

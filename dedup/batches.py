@@ -1,0 +1,509 @@
+"""Record batches of one partition: reading them with each record's identity, and building
+the batch the proxy forwards from the records it keeps.
+
+The record-batch format (magic 2), CRC32C and the codecs are kafka-python's
+(`DefaultRecordBatch`, `DefaultRecordBatchBuilder`, `kafka.codec`); this module adds the
+checks a broker makes on a produce request, with the broker's error codes, and the identity
+rules of DESIGN.md ("Identity of a record"):
+
+- Explicit identity: headers `dedup.producer` (UTF-8, non-empty) and `dedup.sequence`
+  (signed 64-bit integer, ASCII decimal as Java's `Long.parseLong` reads it: an optional
+  sign, then digits). Both or neither; if a name occurs more than once the last occurrence
+  counts (Java's `Headers.lastHeader`), so the proxy and a consumer agree on what a record
+  says.
+- Implicit identity: a record without identity headers in a batch with producer id >= 0
+  that is neither transactional nor control is producer `kafka-pid-<id>-<epoch>` with
+  sequence `(baseSequence + offsetDelta) mod 2**31`. That is the sequence Kafka itself
+  gives the record (`DefaultRecordBatch.incrementSequence`: int32 sequences wrap from
+  2**31-1 to 0), so it names the same record Kafka's own idempotence does. A long-lived
+  idempotent producer does wrap (2**31 records per producer id and epoch), so the check
+  must compare implicit sequences wrap-aware; `IMPLICIT_SEQUENCE_MODULUS` is exported for it.
+- Transactional and control batches: no identity (they are forwarded untouched).
+
+Error codes: where Kafka 4 refuses the same bytes, its code; the rule behind them:
+
+- The bytes are damaged (framing lengths, truncation, CRC32C mismatch, impossible magic):
+  `CORRUPT_MESSAGE` (2), which clients retry, as for damage in transit.
+- The bytes are intact (CRC32C matches) but what they say is refused: magic 0 or 1
+  (Kafka's `ProduceRequest.validateRecords` answers this for produce v3+, the only
+  versions Kafka 4 takes), more or fewer than one batch, a bad record count or offset
+  delta, a control batch, a record that does not parse, a payload that does not
+  decompress (Kafka: UNKNOWN_SERVER_ERROR), a bad identity header: `INVALID_RECORD` (87),
+  not retriable, since resending the same bytes cannot help.
+- An unknown compression codec id (5..7): `UNSUPPORTED_COMPRESSION_TYPE` (76).
+
+`read_batches(..., from_log=True)` reads batches fetched from a partition's log (replay)
+instead: a partial batch at the end is normal there (Fetch cuts at max bytes), compaction
+leaves gaps in offset deltas and empty batches, control batches (transaction markers)
+occur, and identity comes from headers only (see `read_batches`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import kafka.codec as _codec
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.util import calc_crc32c
+from kio.schema.errors import ErrorCode
+
+HEADER_PRODUCER: Final = "dedup.producer"
+HEADER_SEQUENCE: Final = "dedup.sequence"
+
+IMPLICIT_PRODUCER_PREFIX: Final = "kafka-pid-"
+IMPLICIT_SEQUENCE_MODULUS: Final = 1 << 31
+
+CODEC_NONE: Final = 0
+CODEC_GZIP: Final = 1
+CODEC_SNAPPY: Final = 2
+CODEC_LZ4: Final = 3
+CODEC_ZSTD: Final = 4
+CODEC_NAMES: Final = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+TIMESTAMP_CREATE_TIME: Final = 0
+TIMESTAMP_LOG_APPEND_TIME: Final = 1
+
+# Batch layout constants, from kafka-python's own struct.
+_HEADER = DefaultRecordBatch.HEADER_STRUCT
+HEADER_SIZE: Final[int] = _HEADER.size  # 61: Kafka's RECORD_BATCH_OVERHEAD
+_LOG_OVERHEAD: Final = 12  # base offset (8) + length (4)
+_MAGIC_OFFSET: Final = 16
+_ATTRIBUTES_OFFSET: Final[int] = DefaultRecordBatch.ATTRIBUTES_OFFSET
+_CRC_OFFSET: Final[int] = DefaultRecordBatch.CRC_OFFSET
+_CODEC_MASK: Final = 0x07
+_TIMESTAMP_TYPE_MASK: Final = 0x08
+_TRANSACTIONAL_MASK: Final = 0x10
+_CONTROL_MASK: Final = 0x20
+
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
+_SEQUENCE_TEXT = re.compile(rb"[+-]?[0-9]+")
+_MAX_SEQUENCE_TEXT: Final = 64  # digits beyond this cannot be an int64 even with leading zeros
+_SHOW_BYTES: Final = 40
+
+
+class BadBatch(Exception):
+    """A partition's record data that must be refused: the Kafka error code to answer for
+    that partition and a message for the client (Produce v8+ `error_message`) and the log."""
+
+    def __init__(self, error_code: ErrorCode, message: str) -> None:
+        super().__init__(f"{error_code.name} ({int(error_code)}): {message}")
+        self.error_code = error_code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityHeaders:
+    """The names of the two identity headers (configurable; defaults from DESIGN.md)."""
+
+    producer: str = HEADER_PRODUCER
+    sequence: str = HEADER_SEQUENCE
+
+    def __post_init__(self) -> None:
+        if not self.producer or not self.sequence:
+            raise ValueError("identity header names must not be empty")
+        if self.producer == self.sequence:
+            raise ValueError(f"identity header names must differ, both are {self.producer!r}")
+
+
+DEFAULT_HEADERS: Final = IdentityHeaders()
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    producer: str
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingRecord:
+    offset_delta: int
+    timestamp: int  # ms; for a LOG_APPEND_TIME batch the batch's max timestamp
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    identity: Identity | None
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingBatch:
+    records: tuple[IncomingRecord, ...]
+    compression: int  # Kafka codec id 0..4
+    timestamp_type: int  # 0 create time, 1 log append time
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    transactional: bool
+    control: bool
+    raw: bytes  # the batch's exact bytes, to forward untouched
+    # Where the batch sits in a log (from_log); 0 and n-1 in a produce request.
+    base_offset: int = 0
+    last_offset_delta: int = -1
+
+
+def implicit_producer(producer_id: int, producer_epoch: int) -> str:
+    return f"{IMPLICIT_PRODUCER_PREFIX}{producer_id}-{producer_epoch}"
+
+
+def implicit_sequence(base_sequence: int, offset_delta: int) -> int:
+    """Kafka's sequence of the record at `offset_delta` (int32, wrapping to 0)."""
+    return (base_sequence + offset_delta) % IMPLICIT_SEQUENCE_MODULUS
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_batches(
+    data: bytes, headers: IdentityHeaders = DEFAULT_HEADERS, *, from_log: bool = False
+) -> list[IncomingBatch]:
+    """The record batches in `data` with every record and its identity.
+
+    By default `data` is the records of one partition of a Produce request and is checked as
+    a broker checks it: exactly one batch, magic 2, CRC32C, a record count that matches the
+    last offset delta, offset deltas 0..n-1, no control batch, a base sequence with a
+    producer id. Any problem raises `BadBatch`; nothing else is raised for any bytes.
+
+    With `from_log=True` `data` is what a Fetch returned (replay): a partial batch at the
+    end is skipped, the produce-only checks (batch count, record count, offset deltas,
+    control, base sequence) are off, and identity comes from headers only: every identity
+    the proxy accepted is in the log as headers, while the batch header there carries the
+    proxy's own producer id, so implicit identities would be bogus. A record whose identity
+    headers are malformed (written around the proxy) has no identity instead of failing
+    the replay.
+    """
+    batches: list[IncomingBatch] = []
+    pos, end = 0, len(data)
+    while pos < end:
+        index = len(batches)
+        remaining = end - pos
+        if remaining <= _MAGIC_OFFSET:
+            if from_log:
+                break
+            raise BadBatch(
+                ErrorCode.corrupt_message,
+                f"batch {index} is truncated: {remaining} bytes, fewer than the "
+                f"{_MAGIC_OFFSET + 1} bytes up to its magic byte",
+            )
+        length = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+        magic = int.from_bytes(
+            data[pos + _MAGIC_OFFSET : pos + _MAGIC_OFFSET + 1], "big", signed=True
+        )
+        if magic in (0, 1):
+            raise BadBatch(
+                ErrorCode.invalid_record,
+                f"batch {index} has magic {magic}: only record batches with magic 2 are "
+                "accepted (as Kafka does in produce requests of version 3 and above)",
+            )
+        if magic != 2:
+            raise BadBatch(
+                ErrorCode.corrupt_message, f"batch {index} has invalid magic byte {magic}"
+            )
+        if length < HEADER_SIZE - _LOG_OVERHEAD:
+            raise BadBatch(
+                ErrorCode.corrupt_message,
+                f"batch {index} declares {length} bytes after its length field, fewer than "
+                f"a batch header's {HEADER_SIZE - _LOG_OVERHEAD}",
+            )
+        batch_end = pos + _LOG_OVERHEAD + length
+        if batch_end > end:
+            if from_log:
+                break
+            raise BadBatch(
+                ErrorCode.corrupt_message,
+                f"batch {index} is truncated: it declares {_LOG_OVERHEAD + length} bytes, "
+                f"{remaining} are there",
+            )
+        if index >= 1 and not from_log:
+            raise BadBatch(
+                ErrorCode.invalid_record,
+                "produce requests of version 3 and above may contain exactly one record "
+                "batch per partition",
+            )
+        batches.append(_read_batch(bytes(data[pos:batch_end]), index, headers, from_log))
+        pos = batch_end
+    if not batches and not from_log:
+        raise BadBatch(
+            ErrorCode.invalid_record,
+            "produce requests of version 3 and above must have one record batch per partition",
+        )
+    return batches
+
+
+def _read_batch(raw: bytes, index: int, names: IdentityHeaders, from_log: bool) -> IncomingBatch:
+    batch: Any = DefaultRecordBatch(raw)
+    if not batch.validate_crc():
+        computed = calc_crc32c(memoryview(raw)[_ATTRIBUTES_OFFSET:])
+        raise BadBatch(
+            ErrorCode.corrupt_message,
+            f"batch {index} is corrupt: stored CRC32C {int(batch.crc):#010x}, "
+            f"computed {computed:#010x}",
+        )
+    attributes = int(batch.attributes)
+    codec = attributes & _CODEC_MASK
+    if codec not in CODEC_NAMES:
+        raise BadBatch(
+            ErrorCode.unsupported_compression_type,
+            f"batch {index} uses unknown compression codec id {codec}",
+        )
+    count = int(batch.records_count)
+    last_offset_delta = int(batch.last_offset_delta)
+    producer_id = int(batch.producer_id)
+    producer_epoch = int(batch.producer_epoch)
+    base_sequence = int(batch.base_sequence)
+    transactional = bool(attributes & _TRANSACTIONAL_MASK)
+    control = bool(attributes & _CONTROL_MASK)
+    timestamp_type = int(bool(attributes & _TIMESTAMP_TYPE_MASK))
+    if count < 0 or (count == 0 and not from_log):  # compaction can leave empty batches
+        raise BadBatch(ErrorCode.invalid_record, f"batch {index} has record count {count}")
+    if not from_log:
+        if last_offset_delta != count - 1:
+            raise BadBatch(
+                ErrorCode.invalid_record,
+                f"batch {index} has {count} records but last offset delta {last_offset_delta}",
+            )
+        if control:
+            raise BadBatch(
+                ErrorCode.invalid_record, "clients are not allowed to write control records"
+            )
+        if producer_id >= 0 and base_sequence < 0:
+            raise BadBatch(
+                ErrorCode.invalid_record,
+                f"batch {index} has producer id {producer_id} but base sequence {base_sequence}",
+            )
+    codec_name = CODEC_NAMES[codec]
+    try:
+        iterator = iter(batch)  # decompresses
+    except Exception as exc:
+        raise BadBatch(
+            ErrorCode.invalid_record,
+            f"batch {index}: its {codec_name} payload does not decompress: {_describe(exc)}",
+        ) from exc
+    with_identity = not transactional and not control
+    implicit: str | None = None  # the implicit producer of records without identity headers
+    if with_identity and not from_log and producer_id >= 0 and base_sequence >= 0:
+        implicit = implicit_producer(producer_id, producer_epoch)
+
+    base_offset = int(batch.base_offset)
+    records: list[IncomingRecord] = []
+    position = 0
+    try:
+        for record in iterator:
+            offset_delta = int(record.offset) - base_offset
+            if not from_log and offset_delta != position:
+                raise BadBatch(
+                    ErrorCode.invalid_record,
+                    f"batch {index}: record {position} has offset delta {offset_delta}, "
+                    f"expected {position}",
+                )
+            record_headers: tuple[tuple[str, bytes | None], ...] = tuple(record.headers)
+            identity: Identity | None = None
+            if with_identity:
+                try:
+                    identity = _identity(
+                        record_headers, offset_delta, names, implicit, base_sequence
+                    )
+                except BadBatch:
+                    if not from_log:
+                        raise
+            records.append(
+                IncomingRecord(
+                    offset_delta=offset_delta,
+                    timestamp=int(record.timestamp),
+                    key=record.key,
+                    value=record.value,
+                    headers=record_headers,
+                    identity=identity,
+                )
+            )
+            position += 1
+    except BadBatch:
+        raise
+    except Exception as exc:
+        raise BadBatch(
+            ErrorCode.invalid_record,
+            f"batch {index}: record {position} does not parse: {_describe(exc)}",
+        ) from exc
+    return IncomingBatch(
+        records=tuple(records),
+        compression=codec,
+        timestamp_type=timestamp_type,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        transactional=transactional,
+        control=control,
+        raw=raw,
+        base_offset=base_offset,
+        last_offset_delta=last_offset_delta,
+    )
+
+
+_ABSENT: Final = object()
+
+
+def _identity(
+    headers: tuple[tuple[str, bytes | None], ...],
+    offset_delta: int,
+    names: IdentityHeaders,
+    implicit: str | None,
+    base_sequence: int,
+) -> Identity | None:
+    producer_raw: object = _ABSENT
+    sequence_raw: object = _ABSENT
+    for name, value in headers:
+        if name == names.producer:
+            producer_raw = value
+        elif name == names.sequence:
+            sequence_raw = value
+    if producer_raw is _ABSENT and sequence_raw is _ABSENT:
+        if implicit is None:
+            return None
+        return Identity(implicit, implicit_sequence(base_sequence, offset_delta))
+    where = f"record at offset delta {offset_delta}"
+    if producer_raw is _ABSENT:
+        raise BadBatch(
+            ErrorCode.invalid_record, f"{where} has {names.sequence} but no {names.producer}"
+        )
+    if sequence_raw is _ABSENT:
+        raise BadBatch(
+            ErrorCode.invalid_record, f"{where} has {names.producer} but no {names.sequence}"
+        )
+    assert producer_raw is None or isinstance(producer_raw, bytes)
+    assert sequence_raw is None or isinstance(sequence_raw, bytes)
+    return Identity(
+        _parse_producer(producer_raw, where, names.producer),
+        _parse_sequence(sequence_raw, where, names.sequence),
+    )
+
+
+def _parse_producer(raw: bytes | None, where: str, name: str) -> str:
+    if raw is None:
+        raise BadBatch(ErrorCode.invalid_record, f"{where} has a null {name}")
+    if not raw:
+        raise BadBatch(ErrorCode.invalid_record, f"{where} has an empty {name}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadBatch(
+            ErrorCode.invalid_record, f"{where} has a {name} that is not UTF-8: {_show(raw)}"
+        ) from None
+
+
+def _parse_sequence(raw: bytes | None, where: str, name: str) -> int:
+    if raw is None:
+        raise BadBatch(ErrorCode.invalid_record, f"{where} has a null {name}")
+    if len(raw) > _MAX_SEQUENCE_TEXT or not _SEQUENCE_TEXT.fullmatch(raw):
+        raise BadBatch(
+            ErrorCode.invalid_record,
+            f"{where} has a {name} that is not a decimal integer: {_show(raw)}",
+        )
+    sequence = int(raw)
+    if not _INT64_MIN <= sequence <= _INT64_MAX:
+        raise BadBatch(
+            ErrorCode.invalid_record,
+            f"{where} has a {name} outside the signed 64-bit range: {_show(raw)}",
+        )
+    return sequence
+
+
+def _show(raw: bytes) -> str:
+    if len(raw) <= _SHOW_BYTES:
+        return repr(raw)
+    return f"{raw[:_SHOW_BYTES]!r}... ({len(raw)} bytes)"
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    if len(text) > 200:
+        text = text[:200] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- building
+
+_ENCODERS: Final[dict[int, Callable[[bytes], bytes]]] = {
+    # zlib's default level, as Kafka's compression.gzip.level (kafka-python's default is 9).
+    CODEC_GZIP: lambda data: bytes(_codec.gzip_encode(data, compresslevel=6)),
+    # xerial framing, as the Java client and kafka-python's producer write v2 batches;
+    # Kafka brokers and every client read it (librdkafka, which writes raw snappy, too).
+    CODEC_SNAPPY: lambda data: bytes(_codec.snappy_encode(data, xerial_compatible=True)),
+    # LZ4 frames with independent blocks (kafka-python forces block_linked=False).
+    CODEC_LZ4: lambda data: bytes(_codec.lz4_encode(data)),
+    CODEC_ZSTD: lambda data: bytes(_codec.zstd_encode(data)),
+}
+
+
+def build_batch(
+    records: Sequence[IncomingRecord],
+    *,
+    compression: int,
+    timestamp_type: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    add_identity_headers: bool,
+    headers: IdentityHeaders = DEFAULT_HEADERS,
+) -> bytes:
+    """A magic-2 record batch (base offset 0, not transactional) of `records` in order.
+
+    Offset deltas are renumbered 0..n-1; timestamps are kept (first timestamp = the first
+    record's, max timestamp = the largest); the codec is kept even where it does not shrink
+    the payload (kafka-python's producer would fall back to none). With
+    `add_identity_headers`, a record whose identity is not in its headers (an implicit one)
+    gets the two identity headers appended, so that replaying the log recovers it.
+    """
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    if compression not in CODEC_NAMES:
+        raise ValueError(f"unknown compression codec id {compression}")
+    if timestamp_type not in (TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME):
+        raise ValueError(f"unknown timestamp type {timestamp_type}")
+    if producer_id >= 0 and (producer_epoch < 0 or base_sequence < 0):
+        raise ValueError(
+            f"producer id {producer_id} needs an epoch and a base sequence >= 0, "
+            f"not {producer_epoch} and {base_sequence} (Kafka refuses the batch)"
+        )
+    builder: Any = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=CODEC_NONE,
+        is_transactional=False,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        batch_size=sys.maxsize,
+    )
+    for offset_delta, record in enumerate(records):
+        record_headers: Sequence[tuple[str, bytes | None]] = record.headers
+        identity = record.identity
+        if (
+            add_identity_headers
+            and identity is not None
+            and not any(name == headers.producer for name, _ in record_headers)
+        ):
+            record_headers = [
+                *record_headers,
+                (headers.producer, identity.producer.encode("utf-8")),
+                (headers.sequence, str(identity.sequence).encode("ascii")),
+            ]
+        builder.append(offset_delta, record.timestamp, record.key, record.value, record_headers)
+    buffer: bytearray = builder.build()
+    if compression == CODEC_NONE and timestamp_type == TIMESTAMP_CREATE_TIME:
+        return bytes(buffer)
+    # kafka-python's builder cannot set the timestamp type and drops a codec that does not
+    # shrink the payload: compress here and rewrite the header's length, attributes and CRC.
+    body = bytes(buffer[HEADER_SIZE:])
+    if compression != CODEC_NONE:
+        body = _ENCODERS[compression](body)
+    fields = list(_HEADER.unpack_from(buffer))
+    fields[1] = HEADER_SIZE - _LOG_OVERHEAD + len(body)  # length
+    fields[4] = 0  # CRC, computed below
+    fields[5] = compression | (_TIMESTAMP_TYPE_MASK if timestamp_type else 0)  # attributes
+    out = bytearray(_HEADER.pack(*fields))
+    out += body
+    crc = calc_crc32c(memoryview(out)[_ATTRIBUTES_OFFSET:])
+    out[_CRC_OFFSET : _CRC_OFFSET + 4] = int(crc).to_bytes(4, "big")
+    return bytes(out)

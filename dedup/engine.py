@@ -1,0 +1,431 @@
+"""The produce path with deduplication: the whole algorithm in one place.
+
+For one client Produce request:
+
+1. A transactional request, or one whose topics all have dedup disabled, is not touched:
+   the caller forwards it to Kafka as it is.
+2. Each partition's batches are read (`dedup.batches`): identity per record, bad input
+   refused for that partition only.
+3. One Redis round trip checks every partition (`dedup.state`): per record NOT_DUP
+   (forward), DUP (drop), UNKNOWN (refuse the partition batch, nothing written, retriable).
+4. The kept records are rebuilt as one batch per partition and written by the proxy's own
+   idempotent producer (`dedup.writer`): written exactly once, or definitely not.
+5. Written: ``persisted`` rises. Not written: once the partition's writes in flight have
+   settled, ``pushed`` is reset to ``persisted`` so the client's retry is accepted again;
+   requests for that partition wait meanwhile, so none overtakes the retry.
+6. The client gets one answer per partition; where any record was dropped the base offset
+   is -1, never a wrong one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i32, i64
+from redis.exceptions import RedisError
+
+from dedup import metrics
+from dedup.batches import BadBatch, IdentityHeaders, IncomingBatch, build_batch, read_batches
+from dedup.policies import Mode, PolicyStore
+from dedup.state import DedupState, PartitionCheck, Status
+from dedup.writer import BatchToWrite, IdempotentWriter, WriteResult, now_ms
+from proxy.schemas import response_type
+from proxy.topology import Endpoint
+
+log = structlog.get_logger(__name__)
+
+SETTLE_WAIT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionAnswer:
+    error_code: int = 0
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    error_message: str | None = None
+
+
+@dataclass(slots=True)
+class _PartitionGate:
+    """Requests between their check and their outcome, and the reset after a failure."""
+
+    pending: int = 0
+    failed: bool = False
+    open: asyncio.Event = field(default_factory=asyncio.Event)
+    order: asyncio.Lock = field(default_factory=asyncio.Lock)
+    taken_over: bool = False
+
+    def __post_init__(self) -> None:
+        self.open.set()
+
+
+@dataclass(slots=True)
+class _Work:
+    """One partition of the request on its way through the steps above."""
+
+    topic: str
+    partition: int
+    mode: Mode
+    batches: list[IncomingBatch] = field(default_factory=list)
+    keep: list[list[bool]] = field(default_factory=list)  # per batch, per record
+    answer: PartitionAnswer | None = None
+    dropped: int = 0
+    checked: bool = False
+
+    @property
+    def identities(self) -> list[tuple[str, int]]:
+        return [
+            (r.identity.producer, r.identity.sequence)
+            for batch in self.batches
+            for r in batch.records
+            if r.identity is not None
+        ]
+
+
+class DedupEngine:
+    def __init__(
+        self,
+        state: DedupState,
+        policies: PolicyStore,
+        writer: IdempotentWriter,
+        headers: IdentityHeaders,
+    ) -> None:
+        self._state = state
+        self._policies = policies
+        self._writer = writer
+        self._headers = headers
+        self._gates: dict[tuple[str, int], _PartitionGate] = {}
+        self._resetting: set[asyncio.Task[None]] = set()
+
+    def partitions(self) -> list[tuple[str, int]]:
+        """The partitions this engine has written to since it started."""
+        return sorted(self._gates)
+
+    async def handles(self, request: Any) -> bool:
+        """Whether this Produce request goes through dedup (else it is forwarded as is)."""
+        if request.transactional_id is not None:
+            return False
+        snapshot = await self._policies.snapshot()
+        return any(
+            snapshot.mode_for(str(topic.name)) is not Mode.DISABLED for topic in request.topic_data
+        )
+
+    async def produce(
+        self, request: Any, broker: Endpoint
+    ) -> dict[tuple[str, int], PartitionAnswer]:
+        """Run one Produce request through dedup; an answer per (topic, partition)."""
+        snapshot = await self._policies.snapshot()
+        work = [
+            _Work(str(topic.name), int(part.index), snapshot.mode_for(str(topic.name)))
+            for topic in request.topic_data
+            for part in topic.partition_data
+        ]
+        records = [part.records for topic in request.topic_data for part in topic.partition_data]
+        for item, data in zip(work, records, strict=True):
+            self._read(item, data)
+        timeout_ms = int(request.timeout.total_seconds() * 1000)
+        # Check and sequence assignment happen in arrival order per partition: a request
+        # checked later must not reach the log ahead of one checked earlier.
+        gates = sorted({(w.topic, w.partition) for w in work if w.answer is None})
+        async with contextlib.AsyncExitStack() as ordered:
+            for key in gates:
+                await ordered.enter_async_context(self._gate_of(key).order)
+            try:
+                await self._check(work)
+                writes, submitted = await self._submit(work, broker, timeout_ms)
+            except BaseException:
+                await self._release(work)
+                raise
+        try:
+            if submitted is not None:
+                await self._finish_writes(writes, await submitted)
+        finally:
+            await self._release(work)
+        answers = {}
+        for item in work:
+            assert item.answer is not None
+            answers[(item.topic, item.partition)] = item.answer
+        return answers
+
+    # ------------------------------------------------------------- 2. read
+
+    def _read(self, item: _Work, data: bytes | None) -> None:
+        try:
+            item.batches = read_batches(data or b"", self._headers)
+        except BadBatch as bad:
+            metrics.BAD_INPUT.labels(ErrorCode(bad.error_code).name).inc()
+            log.warning(
+                "refusing a bad partition batch",
+                topic=item.topic,
+                partition=item.partition,
+                error=bad.message,
+            )
+            item.answer = PartitionAnswer(bad.error_code, error_message=bad.message)
+            return
+        if not item.batches:
+            item.answer = PartitionAnswer(ErrorCode.corrupt_message, error_message="no records")
+            return
+        if item.mode is Mode.REQUIRE:
+            for batch in item.batches:
+                missing = [r.offset_delta for r in batch.records if r.identity is None]
+                if missing:
+                    message = (
+                        f"topic {item.topic} requires a dedup identity: the record at offset "
+                        f"delta {missing[0]} has no {self._headers.producer}/"
+                        f"{self._headers.sequence} headers and its batch is not idempotent"
+                    )
+                    metrics.BAD_INPUT.labels("missing_identity").inc()
+                    item.answer = PartitionAnswer(ErrorCode.invalid_record, error_message=message)
+                    return
+        item.keep = [[True] * len(batch.records) for batch in item.batches]
+
+    # ------------------------------------------------------------- 3. check
+
+    async def _check(self, work: list[_Work]) -> None:
+        to_check = [w for w in work if w.answer is None and w.mode is not Mode.DISABLED]
+        for item in to_check:
+            gate = self._gate(item)
+            # After a failed write, wait for the reset: nothing may overtake the retry.
+            while not gate.open.is_set():
+                try:
+                    await asyncio.wait_for(gate.open.wait(), SETTLE_WAIT_S)
+                except TimeoutError:
+                    item.answer = _not_written("partition is recovering from a failed write")
+                    break
+            if item.answer is None and not gate.taken_over:
+                await self._take_over(item, gate)
+            if item.answer is None:
+                gate.pending += 1
+                item.checked = True
+        checked = [w for w in to_check if w.checked and w.identities]
+        if not checked:
+            return
+        try:
+            verdicts = await self._state.check_and_push(
+                [PartitionCheck(w.topic, w.partition, w.identities) for w in checked], now_ms()
+            )
+        except RedisError as exc:
+            # The script may or may not have run: treat it like a failed write, so the
+            # partition is reset (pushed := persisted) before anything else is accepted.
+            log.error("dedup state unavailable; refusing the request", error=str(exc))
+            for item in checked:
+                self._fail(item)
+                item.answer = _not_written("dedup state unavailable")
+            return
+        for item, verdict in zip(checked, verdicts, strict=True):
+            if verdict.evicted:
+                metrics.EVICTIONS.inc(len(verdict.evicted))
+                log.info(
+                    "evicted idle producers",
+                    topic=item.topic,
+                    partition=item.partition,
+                    producers=list(verdict.evicted),
+                )
+            if verdict.refused:
+                metrics.RECORDS.labels("unknown").inc(len(verdict.statuses))
+                item.answer = _not_written(
+                    "an earlier write of these sequences is in flight or failed; retry"
+                )
+                continue
+            statuses = iter(verdict.statuses)
+            for b, batch in enumerate(item.batches):
+                for r, record in enumerate(batch.records):
+                    if record.identity is not None and next(statuses) is Status.DUP:
+                        item.keep[b][r] = False
+                        item.dropped += 1
+            metrics.RECORDS.labels("dup").inc(item.dropped)
+            metrics.RECORDS.labels("not_dup").inc(len(verdict.statuses) - item.dropped)
+
+    # ------------------------------------------------------------- 4. write
+
+    async def _submit(
+        self, work: list[_Work], broker: Endpoint, timeout_ms: int
+    ) -> tuple[list[_Work], asyncio.Future[list[WriteResult]] | None]:
+        writes: list[tuple[_Work, BatchToWrite]] = []
+        for item in work:
+            if item.answer is not None:
+                continue
+            kept = [
+                [r for r, k in zip(batch.records, keep, strict=True) if k]
+                for batch, keep in zip(item.batches, item.keep, strict=True)
+            ]
+            count = sum(len(records) for records in kept)
+            if count == 0:  # every record was a duplicate: success, nothing to write
+                item.answer = PartitionAnswer()
+                continue
+            writes.append(
+                (
+                    item,
+                    BatchToWrite(
+                        item.topic, item.partition, count, _builder(item, kept, self._headers)
+                    ),
+                )
+            )
+        if not writes:
+            return [], None
+        items = [item for item, _ in writes]
+        try:
+            return items, await self._writer.submit(broker, [w for _, w in writes], timeout_ms)
+        except (OSError, TimeoutError) as exc:
+            # Nothing was sent (the writer fails before assigning sequences): tell the
+            # client to refresh metadata and retry, as a broker that went away would.
+            failed: asyncio.Future[list[WriteResult]] = asyncio.get_running_loop().create_future()
+            failed.set_result(
+                [WriteResult(False, ErrorCode.not_leader_or_follower, error_message=str(exc))]
+                * len(writes)
+            )
+            return items, failed
+
+    async def _finish_writes(self, items: list[_Work], results: list[WriteResult]) -> None:
+        persisted: list[tuple[str, int, dict[str, int]]] = []
+        for item, result in zip(items, results, strict=True):
+            if result.written:
+                persisted.append((item.topic, item.partition, _highest_kept(item)))
+                item.answer = PartitionAnswer(
+                    base_offset=result.base_offset if item.dropped == 0 else -1,
+                    log_append_time_ms=result.log_append_time_ms,
+                    log_start_offset=result.log_start_offset,
+                )
+            else:
+                self._fail(item)
+                item.answer = PartitionAnswer(result.error_code, error_message=result.error_message)
+        if persisted:
+            try:
+                await self._state.mark_persisted(persisted, now_ms())
+            except RedisError as exc:
+                # Written but not recorded: a re-send reads as UNKNOWN (refused, retried)
+                # until persisted catches up; never as new. Recovery rebuilds it from the log.
+                log.error("could not record persisted sequences", error=str(exc))
+
+    # ------------------------------------------------------------- 5. settle
+
+    async def _release(self, work: list[_Work]) -> None:
+        for item in work:
+            if not item.checked:
+                continue
+            gate = self._gate(item)
+            gate.pending -= 1
+            if gate.failed and gate.pending == 0:
+                gate.failed = False
+                task = asyncio.create_task(self._reset(item.topic, item.partition, gate))
+                self._resetting.add(task)
+                task.add_done_callback(self._resetting.discard)
+
+    async def _take_over(self, item: _Work, gate: _PartitionGate) -> None:
+        """The first write to a partition since this proxy started: whatever was pushed but
+        not persisted belongs to writes that died with an earlier proxy process, so the
+        client's re-sends of them must be accepted again (pushed := persisted)."""
+        try:
+            await self._state.reset_pushed(item.topic, item.partition)
+        except RedisError as exc:
+            log.error("dedup state unavailable; refusing the request", error=str(exc))
+            item.answer = _not_written("dedup state unavailable")
+            return
+        gate.taken_over = True
+
+    def _fail(self, item: _Work) -> None:
+        gate = self._gate(item)
+        gate.failed = True
+        gate.open.clear()
+
+    async def _reset(self, topic: str, partition: int, gate: _PartitionGate) -> None:
+        """Every write that passed the check has its outcome: forget what was pushed but
+        never persisted, so the client's retry is accepted. Retried until Redis answers."""
+        delay = 0.1
+        while True:
+            try:
+                await self._state.reset_pushed(topic, partition)
+                break
+            except RedisError as exc:
+                log.warning("partition reset failed; retrying", topic=topic, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        gate.open.set()
+        log.info("partition reset after a failed write", topic=topic, partition=partition)
+
+    def _gate(self, item: _Work) -> _PartitionGate:
+        return self._gate_of((item.topic, item.partition))
+
+    def _gate_of(self, key: tuple[str, int]) -> _PartitionGate:
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _PartitionGate()
+        return gate
+
+
+def _not_written(message: str) -> PartitionAnswer:
+    return PartitionAnswer(ErrorCode.not_enough_replicas, error_message=f"not written: {message}")
+
+
+def _highest_kept(item: _Work) -> dict[str, int]:
+    highest: dict[str, int] = {}
+    for batch, keep in zip(item.batches, item.keep, strict=True):
+        for record, kept in zip(batch.records, keep, strict=True):
+            if kept and record.identity is not None:
+                producer, sequence = record.identity.producer, record.identity.sequence
+                if sequence > highest.get(producer, sequence - 1):
+                    highest[producer] = sequence
+    return highest
+
+
+def _builder(item: _Work, kept: Sequence[Sequence[Any]], headers: IdentityHeaders) -> Any:
+    """The batch bytes for the writer: one output batch per input batch, sequences in a row."""
+
+    def build(producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
+        parts = []
+        sequence = base_sequence
+        for batch, records in zip(item.batches, kept, strict=True):
+            if not records:
+                continue
+            parts.append(
+                build_batch(
+                    records,
+                    compression=batch.compression,
+                    timestamp_type=batch.timestamp_type,
+                    producer_id=producer_id,
+                    producer_epoch=producer_epoch,
+                    base_sequence=sequence,
+                    add_identity_headers=item.mode is not Mode.DISABLED,
+                    headers=headers,
+                )
+            )
+            sequence = (sequence + len(records)) % (1 << 31)
+        return b"".join(parts)
+
+    return build
+
+
+def produce_response(
+    version: int, answers: dict[tuple[str, int], PartitionAnswer], request: Any
+) -> Any:
+    """The kio ProduceResponse of the client's version, partitions in request order."""
+    response_cls = response_type(0, version)
+    module = sys.modules[response_cls.__module__]
+    topics = []
+    for topic in request.topic_data:
+        partitions = []
+        for part in topic.partition_data:
+            answer = answers[(str(topic.name), int(part.index))]
+            fields: dict[str, Any] = {
+                "index": i32(part.index),
+                "error_code": ErrorCode(answer.error_code),
+                "base_offset": i64(answer.base_offset),
+            }
+            if version >= 5:
+                fields["log_start_offset"] = i64(answer.log_start_offset)
+            if version >= 8:
+                fields["record_errors"] = ()
+                fields["error_message"] = answer.error_message
+            partitions.append(module.PartitionProduceResponse(**fields))
+        topics.append(
+            module.TopicProduceResponse(name=topic.name, partition_responses=tuple(partitions))
+        )
+    return response_cls(responses=tuple(topics))

@@ -1,0 +1,113 @@
+"""Dedup policies: Pulsar's broker flag, namespace and topic policies, on Kafka topic names.
+
+A policy is one of three modes:
+
+- ``enabled``: records with an identity are deduplicated, records without one pass.
+- ``require``: like enabled, and a record without identity is refused (INVALID_RECORD).
+- ``disabled``: everything passes untouched.
+
+The most specific policy wins: a topic's own, then the longest matching topic prefix (the
+namespace analogue), then the global one stored in Redis, then the proxy's start-up
+default (enabled; ``serve --no-dedup`` makes it disabled). Policies live in Redis so that
+every proxy instance sees a change within ``cache_s`` seconds, without a restart.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import cast
+
+from redis.asyncio import Redis
+
+
+class Mode(enum.StrEnum):
+    ENABLED = "enabled"
+    REQUIRE = "require"
+    DISABLED = "disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySnapshot:
+    default: Mode
+    global_mode: Mode | None = None
+    prefixes: Mapping[str, Mode] = field(default_factory=dict)
+    topics: Mapping[str, Mode] = field(default_factory=dict)
+
+    def mode_for(self, topic: str) -> Mode:
+        if topic in self.topics:
+            return self.topics[topic]
+        matching = [prefix for prefix in self.prefixes if topic.startswith(prefix)]
+        if matching:
+            return self.prefixes[max(matching, key=len)]
+        return self.global_mode if self.global_mode is not None else self.default
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "default": self.default.value,
+            "global": None if self.global_mode is None else self.global_mode.value,
+            "prefixes": {k: v.value for k, v in sorted(self.prefixes.items())},
+            "topics": {k: v.value for k, v in sorted(self.topics.items())},
+        }
+
+
+class PolicyStore:
+    def __init__(
+        self, redis: Redis, default: Mode, key_prefix: str = "dedup", cache_s: float = 1.0
+    ) -> None:
+        self._redis = redis
+        self._default = default
+        self._global_key = f"{key_prefix}:policy:global"
+        self._prefixes_key = f"{key_prefix}:policy:prefixes"
+        self._topics_key = f"{key_prefix}:policy:topics"
+        self._cache_s = cache_s
+        self._cached: PolicySnapshot | None = None
+        self._cached_at = 0.0
+
+    async def snapshot(self, fresh: bool = False) -> PolicySnapshot:
+        now = time.monotonic()
+        if fresh or self._cached is None or now - self._cached_at > self._cache_s:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.get(self._global_key)
+                pipe.hgetall(self._prefixes_key)
+                pipe.hgetall(self._topics_key)
+                global_raw, prefixes, topics = await pipe.execute()
+            self._cached = PolicySnapshot(
+                default=self._default,
+                global_mode=None if global_raw is None else Mode(_text(global_raw)),
+                prefixes={_text(k): Mode(_text(v)) for k, v in prefixes.items()},
+                topics={_text(k): Mode(_text(v)) for k, v in topics.items()},
+            )
+            self._cached_at = now
+        return self._cached
+
+    async def mode_for(self, topic: str) -> Mode:
+        return (await self.snapshot()).mode_for(topic)
+
+    async def set_global(self, mode: Mode | None) -> None:
+        if mode is None:
+            await self._redis.delete(self._global_key)
+        else:
+            await self._redis.set(self._global_key, mode.value)
+        self._cached = None
+
+    async def set_prefix(self, prefix: str, mode: Mode | None) -> None:
+        await self._set_field(self._prefixes_key, prefix, mode)
+
+    async def set_topic(self, topic: str, mode: Mode | None) -> None:
+        await self._set_field(self._topics_key, topic, mode)
+
+    async def _set_field(self, key: str, name: str, mode: Mode | None) -> None:
+        if not name:
+            raise ValueError("a policy needs a non-empty topic or prefix")
+        if mode is None:
+            await cast(Awaitable[int], self._redis.hdel(key, name))
+        else:
+            await cast(Awaitable[int], self._redis.hset(key, name, mode.value))
+        self._cached = None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

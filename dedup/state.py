@@ -1,0 +1,368 @@
+"""The dedup state in Redis: Pulsar's two sequence maps (PIP-6), shared by every proxy.
+
+Per topic-partition Redis holds, for every producer ``p``:
+
+- ``pushed[p]``: the highest sequence accepted for writing (raised by the check, before Kafka
+  has the record);
+- ``persisted[p]``: the highest sequence Kafka acknowledged (raised by `mark_persisted`);
+- ``seen[p]``: when ``p`` was last seen (ms), for eviction at ``max_producers`` and for purging
+  idle producers.
+
+The check, for a record with sequence ``s`` (Pulsar's ``MessageDeduplication.isDuplicate``, per
+record rather than per batch):
+
+==========================================  =========  =======================================
+condition                                   status     why
+==========================================  =========  =======================================
+no ``pushed[p]``, or ``s > pushed[p]``      NOT_DUP    never seen: forward it, ``pushed[p]=s``
+                                                       (later records of the same batch see it)
+``s <= persisted[p]``                       DUP        Kafka acknowledged it: drop, report ok
+``s`` was raised into ``pushed[p]`` by an   DUP        its first copy is in this very batch and
+earlier record of this batch                           is written (or fails) together with it
+``persisted[p] < s <= pushed[p]`` as it     UNKNOWN    an earlier write of it is in flight or
+was when the batch started                             failed: it may or may not be in the log.
+                                                       The whole partition batch is refused
+                                                       (nothing is updated) and retried later
+==========================================  =========  =======================================
+
+Forwarding an UNKNOWN record could write it twice; dropping it could lose it. Only time tells:
+either the write is acknowledged (``persisted`` rises, the retry is DUP) or it failed and the
+engine calls `reset_pushed` (``pushed := persisted``, the retry is NOT_DUP).
+
+How it is stored and run:
+
+- Keys ``<prefix>:{<topic>/<partition>}:pushed`` and ``:persisted`` (hashes producer ->
+  sequence) and ``:seen`` (sorted set producer -> last seen ms). The ``{...}`` hash tag puts a
+  partition's three keys in one Redis Cluster slot, so one Lua script can use them atomically.
+- ``<prefix>:{<topic>}:partitions`` is a set of the partitions that may have state, written in
+  the same round trip as the state (before it), so `partitions` needs no SCAN. It lives in
+  another slot, so it is not updated atomically with the state: it may name a partition whose
+  state is gone (`partitions` filters those out); see `clear` for the one race it has.
+  `topics` (administration only) SCANs for these sets.
+- Every rule runs inside one Lua script per partition (``dedup/lua/*.lua``), so the check and the
+  update are atomic across every proxy instance. All partitions of a call go out in one
+  non-transactional pipeline of EVALSHA: one network round trip per call. A NOSCRIPT reply
+  (Redis restarted or flushed its script cache) loads the scripts and re-runs just those calls.
+- Sequences are signed 64-bit integers. Lua numbers are doubles, exact only to 2^53, so the
+  scripts never turn a sequence into a number: it is stored as a decimal string and compared
+  exactly by ``seq_cmp`` (``dedup/lua/seq.lua``: sign, then length, then digits).
+- Needs Redis >= 6.2 (``ZADD GT``, ``COPY``).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis.asyncio
+from redis.exceptions import NoScriptError
+
+SEQUENCE_MIN = -(2**63)
+SEQUENCE_MAX = 2**63 - 1
+
+
+class Status(enum.IntEnum):
+    """What the check says about one record."""
+
+    NOT_DUP = 0
+    DUP = 1
+    UNKNOWN = 2
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCheck:
+    """The records of one partition batch: (producer, sequence) per record, in batch order."""
+
+    topic: str
+    partition: int
+    identities: Sequence[tuple[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionVerdict:
+    """The check of one partition batch."""
+
+    statuses: tuple[Status, ...]  # one per identity, same order
+    evicted: tuple[str, ...]  # producers evicted to make room (max_producers)
+
+    @property
+    def refused(self) -> bool:
+        """Some record is UNKNOWN: nothing was updated, the batch must be retried later."""
+        return Status.UNKNOWN in self.statuses
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerState:
+    """One producer's entry in a partition; None where that map has no entry."""
+
+    pushed: int | None
+    persisted: int | None
+    last_seen_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Script:
+    name: str
+    source: str
+    sha: str
+
+    @classmethod
+    def load(cls, name: str) -> _Script:
+        lua = resources.files("dedup") / "lua"
+        source = (lua / "seq.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
+
+
+_CHECK = _Script.load("check")
+_PERSIST = _Script.load("persist")
+_RESET = _Script.load("reset")
+_PURGE = _Script.load("purge")
+_LOAD = _Script.load("load")
+
+# One script call: the script, its keys, its arguments.
+_Call = tuple[_Script, tuple[str, ...], list[str]]
+
+
+class DedupState:
+    """Pulsar's pushed / persisted maps, per topic-partition, in Redis."""
+
+    def __init__(
+        self,
+        redis: redis.asyncio.Redis,
+        *,
+        key_prefix: str = "dedup",
+        max_producers: int = 10_000,
+    ) -> None:
+        if not key_prefix or "{" in key_prefix or "}" in key_prefix:
+            # A brace in the prefix would become the Redis Cluster hash tag.
+            raise ValueError(f"key_prefix must be non-empty and brace-free: {key_prefix!r}")
+        if max_producers < 1:
+            raise ValueError(f"max_producers must be at least 1: {max_producers}")
+        self._redis = redis
+        self._prefix = key_prefix
+        self._max_producers = max_producers
+
+    # -- the produce path -------------------------------------------------------------------
+
+    async def check_and_push(
+        self, checks: Sequence[PartitionCheck], now_ms: int
+    ) -> list[PartitionVerdict]:
+        """Classify every record of every partition batch (see the module's table) and, for
+        each partition with no UNKNOWN record, raise pushed[p] and last-seen. One round trip.
+
+        If this raises (connection lost, timeout), the scripts may or may not have run: treat
+        the batches as failed writes (`reset_pushed` once the partition's writes settle).
+        """
+        calls: list[_Call] = []
+        for check in checks:
+            args = [str(now_ms), str(self._max_producers)]
+            for producer, sequence in check.identities:
+                args += (producer, _sequence(sequence))
+            calls.append((_CHECK, self._keys(check.topic, check.partition), args))
+        replies = await self._run(
+            calls, self._note_partitions((c.topic, c.partition) for c in checks)
+        )
+        verdicts = []
+        for check, reply in zip(checks, replies, strict=True):
+            statuses, *evicted = reply
+            verdict = PartitionVerdict(
+                tuple(Status(int(digit)) for digit in _text(statuses)),
+                tuple(_text(producer) for producer in evicted),
+            )
+            assert len(verdict.statuses) == len(check.identities)
+            verdicts.append(verdict)
+        return verdicts
+
+    async def mark_persisted(
+        self, updates: Sequence[tuple[str, int, Mapping[str, int]]], now_ms: int
+    ) -> None:
+        """Kafka acknowledged: per (topic, partition, {producer: highest acknowledged seq}),
+        persisted[p] = max(persisted[p], seq) and pushed[p] >= persisted[p]. One round trip."""
+        calls: list[_Call] = []
+        for topic, partition, persisted in updates:
+            args = [str(now_ms)]
+            for producer, sequence in persisted.items():
+                args += (producer, _sequence(sequence))
+            calls.append((_PERSIST, self._keys(topic, partition), args))
+        await self._run(calls, self._note_partitions((t, p) for t, p, _ in updates))
+
+    async def reset_pushed(self, topic: str, partition: int) -> None:
+        """pushed := persisted (Pulsar's resetHighestSequenceIdPushed): after a write that
+        definitely failed, once the partition's in-flight writes have settled."""
+        pushed, persisted, _ = self._keys(topic, partition)
+        await self._run([(_RESET, (pushed, persisted), [])])
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def last_sequence(self, topic: str, partition: int, producer: str) -> int:
+        """persisted[producer] on this partition, -1 when unknown (Pulsar's getLastSequenceId)."""
+        _, persisted, _ = self._keys(topic, partition)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hget(persisted, producer)
+        (value,) = await pipe.execute()
+        return -1 if value is None else int(value)
+
+    async def producers(self, topic: str, partition: int) -> dict[str, ProducerState]:
+        """Every producer the partition tracks, with its pushed, persisted and last seen."""
+        pushed_key, persisted_key, seen_key = self._keys(topic, partition)
+        pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
+        pipe.hgetall(pushed_key)
+        pipe.hgetall(persisted_key)
+        pipe.zrange(seen_key, 0, -1, withscores=True)
+        pushed_raw, persisted_raw, seen_raw = await pipe.execute()
+        pushed = {_text(p): int(s) for p, s in pushed_raw.items()}
+        persisted = {_text(p): int(s) for p, s in persisted_raw.items()}
+        seen = {_text(p): int(ms) for p, ms in seen_raw}
+        return {
+            p: ProducerState(pushed.get(p), persisted.get(p), seen.get(p))
+            for p in sorted(pushed.keys() | persisted.keys() | seen.keys())
+        }
+
+    async def partitions(self, topic: str) -> list[int]:
+        """The topic's partitions that have state, sorted (from the per-topic set, checked)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.smembers(self._partitions_key(topic))
+        (members,) = await pipe.execute()
+        candidates = sorted(int(m) for m in members)
+        if not candidates:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for partition in candidates:
+            pipe.exists(*self._keys(topic, partition))
+        counts = await pipe.execute()
+        return [p for p, count in zip(candidates, counts, strict=True) if count]
+
+    async def topics(self) -> list[str]:
+        """Topics that have (or had: a superset) dedup state, sorted. SCANs the keyspace for
+        the per-topic partition sets: for rare administrative calls, not the produce path."""
+        prefix = self._prefix.encode()
+        suffix = b"}:partitions"
+        pattern = _glob_escape(prefix) + b":{*" + suffix
+        topics = set()
+        async for key in self._redis.scan_iter(match=pattern, count=1000):
+            raw = key.encode() if isinstance(key, str) else key
+            topics.add(raw[len(prefix) + 2 : -len(suffix)].decode())
+        return sorted(topics)
+
+    # -- administration ---------------------------------------------------------------------
+
+    async def clear(self, topic: str, partition: int | None = None) -> None:
+        """Forget one partition's state, or the whole topic's (dedup disabled).
+
+        Not atomic with a concurrent `check_and_push` of the same partition (the per-topic set
+        lives in another slot): stop the produce path for the topic first, or a racing push
+        may leave state that `partitions` does not list.
+        """
+        set_key = self._partitions_key(topic)
+        if partition is None:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.smembers(set_key)
+            (members,) = await pipe.execute()
+            partitions = [int(m) for m in members]
+        else:
+            partitions = [partition]
+        pipe = self._redis.pipeline(transaction=False)
+        for p in partitions:
+            pipe.delete(*self._keys(topic, p))
+        if partition is None:
+            pipe.delete(set_key)
+        else:
+            pipe.srem(set_key, str(partition))
+        await pipe.execute()
+
+    async def purge_idle(self, topic: str, partition: int, older_than_ms: int) -> list[str]:
+        """Remove the producers last seen before older_than_ms from every map; their names."""
+        (idle,) = await self._run([(_PURGE, self._keys(topic, partition), [str(older_than_ms)])])
+        return [_text(p) for p in idle]
+
+    async def load_persisted(
+        self, topic: str, partition: int, persisted: Mapping[str, int], now_ms: int
+    ) -> None:
+        """Recovery: both maps become `persisted` (pushed = persisted). Known producers keep
+        their last-seen time, new ones get now_ms, producers missing from the map go."""
+        args = [str(now_ms)]
+        for producer, sequence in persisted.items():
+            args += (producer, _sequence(sequence))
+        calls: list[_Call] = [(_LOAD, self._keys(topic, partition), args)]
+        await self._run(calls, self._note_partitions([(topic, partition)]))
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _keys(self, topic: str, partition: int) -> tuple[str, str, str]:
+        if partition < 0:
+            raise ValueError(f"partition must be >= 0: {partition}")
+        base = f"{self._prefix}:{{{topic}/{partition}}}"
+        return f"{base}:pushed", f"{base}:persisted", f"{base}:seen"
+
+    def _partitions_key(self, topic: str) -> str:
+        return f"{self._prefix}:{{{topic}}}:partitions"
+
+    def _note_partitions(self, partitions: Iterable[tuple[str, int]]) -> list[tuple[str, ...]]:
+        """SADD commands recording which partitions have state, one per topic."""
+        by_topic: dict[str, set[str]] = {}
+        for topic, partition in partitions:
+            by_topic.setdefault(topic, set()).add(str(partition))
+        return [
+            ("SADD", self._partitions_key(topic), *sorted(members))
+            for topic, members in by_topic.items()
+        ]
+
+    async def _run(
+        self, calls: Sequence[_Call], before: Sequence[tuple[str, ...]] = ()
+    ) -> list[Any]:
+        """Run the plain commands `before`, then every script call, in ONE round trip (a
+        non-transactional pipeline); return the scripts' replies. Calls that got NOSCRIPT are
+        re-run once after SCRIPT LOAD: NOSCRIPT means the script did not run."""
+        replies: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for attempt in range(2):
+            pipe = self._redis.pipeline(transaction=False)
+            for command in before:
+                pipe.execute_command(*command)
+            for i in pending:
+                script, keys, args = calls[i]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            results = await pipe.execute(raise_on_error=False)
+            for result in results[: len(before)]:
+                if isinstance(result, Exception):
+                    raise result
+            script_results, before = results[len(before) :], ()
+            missing = []
+            for i, result in zip(pending, script_results, strict=True):
+                if isinstance(result, NoScriptError) and attempt == 0:
+                    missing.append(i)
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    replies[i] = result
+            if not missing:
+                break
+            pipe = self._redis.pipeline(transaction=False)
+            for script in {calls[i][0] for i in missing}:
+                pipe.script_load(script.source)
+            await pipe.execute()
+            pending = missing
+        return replies
+
+
+def _sequence(value: int) -> str:
+    """A sequence as the canonical decimal string the scripts compare."""
+    if not SEQUENCE_MIN <= value <= SEQUENCE_MAX:
+        raise ValueError(f"sequence outside signed 64-bit: {value}")
+    return str(int(value))
+
+
+def _glob_escape(text: bytes) -> bytes:
+    """`text` as a literal inside a Redis MATCH pattern."""
+    for special in (b"\\", b"*", b"?", b"[", b"]"):
+        text = text.replace(special, b"\\" + special)
+    return text
+
+
+def _text(value: bytes | str) -> str:
+    """A reply as text, whether or not the client decodes responses."""
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,415 @@
+"""The proxy as an idempotent producer toward Kafka.
+
+Deduplication decides which records to forward; this module makes sure each forwarded
+batch lands in the log exactly once and in order, or definitely not at all. The proxy
+writes under its own producer id with its own per-partition sequence numbers (at most
+five batches in flight per partition), so Kafka itself
+
+- refuses batch n+1 while batch n is missing (a failed batch is never overtaken), and
+- resolves an ambiguous write (timeout, dropped connection): the same batch with the
+  same producer id and sequence is either appended once or recognised as a duplicate.
+
+Outcomes are therefore binary. ``written``: the batch is in the log exactly once.
+``not written``: it is not, and never will be; the caller may let the client retry.
+An ambiguous write is retried, in sequence order behind its predecessors, until Kafka
+gives one of those two answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kio.schema.init_producer_id.v4.request as init_pid
+import kio.schema.produce.v11.request as produce_request
+import structlog
+from kio.schema.errors import ErrorCode
+from kio.schema.types import TopicName
+from kio.static.primitive import Records, i16, i32, i32Timedelta
+
+from proxy.topology import Endpoint
+from proxy.upstream_client import LinkClosed, UpstreamClient
+
+log = structlog.get_logger(__name__)
+
+MAX_IN_FLIGHT_PER_PARTITION = 5
+SEQUENCE_WRAP = 1 << 31  # Kafka sequences are int32 and wrap to 0
+
+# Kafka appended the batch, or refused it as a repeat of one it already has.
+_WRITTEN = {ErrorCode.none, ErrorCode.duplicate_sequence_number}
+# The broker may have appended the batch: only a retry with the same sequence can tell.
+_AMBIGUOUS = {
+    ErrorCode.request_timed_out,
+    ErrorCode.not_enough_replicas_after_append,
+    ErrorCode.network_exception,
+    ErrorCode.kafka_storage_error,
+    ErrorCode.unknown_server_error,
+}
+# The partition lost this producer's state (expiry, truncation): a new producer id is needed.
+_PRODUCER_STATE_LOST = {
+    ErrorCode.unknown_producer_id,
+    ErrorCode.invalid_producer_epoch,
+    ErrorCode.out_of_order_sequence_number,
+}
+# Errors a client must never see from the proxy (fatal in librdkafka, or not retried).
+_HIDDEN_FROM_CLIENTS = {*_PRODUCER_STATE_LOST, ErrorCode.network_exception}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchToWrite:
+    topic: str
+    partition: int
+    record_count: int
+    build: Callable[[int, int, int], bytes]
+    """(producer id, producer epoch, base sequence) -> the record batch bytes to append."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    written: bool
+    error_code: int = 0  # for the client when not written
+    base_offset: int = -1  # -1 when Kafka reported a duplicate of an earlier append
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    error_message: str | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _InFlight:
+    sequence: int
+    batch: bytes
+    resolved: asyncio.Future[bool]  # True: written, False: definitely not written
+
+
+@dataclass(slots=True)
+class _Producer:
+    producer_id: int
+    epoch: int
+
+
+@dataclass(slots=True)
+class _Partition:
+    producer: _Producer | None = None
+    next_sequence: int = 0
+    in_flight: deque[_InFlight] = field(default_factory=deque)
+    slots: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(MAX_IN_FLIGHT_PER_PARTITION)
+    )
+    rewind_to: int | None = None  # first sequence that failed while later ones were in flight
+    needs_new_producer: bool = False
+    switch_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+LeaderLookup = Callable[[str, int], Awaitable[Endpoint | None]]
+
+
+class IdempotentWriter:
+    def __init__(
+        self,
+        bootstrap: Callable[[], Sequence[Endpoint]],
+        leader_of: LeaderLookup,
+        timeout_s: float = 30.0,
+        retry_backoff_s: float = 0.2,
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._leader_of = leader_of
+        self._timeout_s = timeout_s
+        self._retry_backoff_s = retry_backoff_s
+        self._links: dict[Endpoint, UpstreamClient] = {}
+        self._link_locks: dict[Endpoint, asyncio.Lock] = {}
+        self._partitions: dict[tuple[str, int], _Partition] = {}
+        self._producer: _Producer | None = None
+        self._producer_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        for link in self._links.values():
+            await link.close()
+        self._links.clear()
+
+    # ---------------------------------------------------------------- writing
+
+    async def write(
+        self, broker: Endpoint, batches: Sequence[BatchToWrite], timeout_ms: int
+    ) -> list[WriteResult]:
+        """Append each batch to its partition through ``broker``; one result per batch."""
+        return await (await self.submit(broker, batches, timeout_ms))
+
+    async def submit(
+        self, broker: Endpoint, batches: Sequence[BatchToWrite], timeout_ms: int
+    ) -> asyncio.Future[list[WriteResult]]:
+        """Assign sequences and send now; the returned future gives one result per batch.
+
+        When this returns, the batches hold their place in each partition's sequence, so a
+        caller that submits in some order gets that order in the log. Raises (OSError)
+        only before anything was assigned.
+        """
+        ordered = sorted(
+            range(len(batches)), key=lambda i: (batches[i].topic, batches[i].partition)
+        )
+        partitions = [self._partition(batches[i].topic, batches[i].partition) for i in ordered]
+        acquired: list[_Partition] = []
+        try:
+            for partition in partitions:  # sorted acquisition: no deadlock between requests
+                await partition.slots.acquire()
+                acquired.append(partition)
+            for partition in partitions:
+                await self._ensure_producer(partition)
+            link = await self._link(broker)
+        except BaseException:
+            for partition in acquired:
+                partition.slots.release()
+            raise
+        # From here to send() nothing awaits: sequences are assigned in wire order.
+        entries = [self._assign(partitions[n], batches[i]) for n, i in enumerate(ordered)]
+        request = self._produce_request(
+            [(batches[i], entry) for i, entry in zip(ordered, entries, strict=True)],
+            timeout_ms,
+        )
+        try:
+            answer: asyncio.Future[Any] | None = link.send(request)
+        except LinkClosed:
+            answer = None  # maybe sent, maybe not: resolved like any ambiguous write
+        return asyncio.ensure_future(
+            self._complete(batches, ordered, partitions, entries, answer, timeout_ms)
+        )
+
+    async def _complete(
+        self,
+        batches: Sequence[BatchToWrite],
+        ordered: list[int],
+        partitions: list[_Partition],
+        entries: list[_InFlight],
+        answer: asyncio.Future[Any] | None,
+        timeout_ms: int,
+    ) -> list[WriteResult]:
+        try:
+            results = None if answer is None else await self._await_answer(answer, timeout_ms)
+            outcomes: dict[int, WriteResult] = {}
+            for n, i in enumerate(ordered):
+                batch = batches[i]
+                outcome = results.get((batch.topic, batch.partition)) if results else None
+                outcomes[i] = await self._settle(batch, partitions[n], entries[n], outcome)
+            return [outcomes[i] for i in range(len(batches))]
+        finally:
+            for partition in partitions:
+                partition.slots.release()
+
+    async def _ensure_producer(self, partition: _Partition) -> None:
+        """Give the partition a producer id it can start at sequence 0 with, if it needs one."""
+        if partition.producer is not None and not partition.needs_new_producer:
+            return
+        async with partition.switch_lock:
+            if partition.producer is not None and not partition.needs_new_producer:
+                return
+            # Switch only when nothing is in flight: a late retry under the old producer id
+            # would otherwise land after batches written under the new one.
+            while partition.in_flight:
+                await asyncio.gather(*(entry.resolved for entry in list(partition.in_flight)))
+            partition.producer = await self._fresh_producer(partition.producer)
+            partition.next_sequence = 0
+            partition.rewind_to = None
+            partition.needs_new_producer = False
+
+    def _assign(self, partition: _Partition, batch: BatchToWrite) -> _InFlight:
+        assert partition.producer is not None
+        sequence = partition.next_sequence
+        partition.next_sequence = (sequence + batch.record_count) % SEQUENCE_WRAP
+        data = batch.build(partition.producer.producer_id, partition.producer.epoch, sequence)
+        entry = _InFlight(sequence, data, asyncio.get_running_loop().create_future())
+        partition.in_flight.append(entry)
+        return entry
+
+    async def _settle(
+        self,
+        batch: BatchToWrite,
+        partition: _Partition,
+        entry: _InFlight,
+        outcome: WriteResult | None,
+    ) -> WriteResult:
+        """Turn one partition's answer into a definite result and keep sequences right."""
+        if outcome is None or outcome.error_code in _AMBIGUOUS:
+            outcome = await self._resolve_ambiguous(batch, partition, entry)
+        elif not outcome.written and outcome.error_code in _PRODUCER_STATE_LOST:
+            previous_failed = await self._predecessor_failed(partition, entry)
+            if not previous_failed:  # not just the echo of an earlier failure: state is gone
+                partition.needs_new_producer = True
+                log.warning(
+                    "partition lost the proxy's producer state; taking a new producer id",
+                    topic=batch.topic,
+                    partition=batch.partition,
+                    error=ErrorCode(outcome.error_code).name,
+                )
+        self._finish(partition, entry, outcome.written)
+        if not outcome.written and outcome.error_code in _HIDDEN_FROM_CLIENTS:
+            outcome = WriteResult(
+                written=False,
+                error_code=ErrorCode.not_enough_replicas,
+                error_message="not written; retry",
+            )
+        return outcome
+
+    async def _predecessor_failed(self, partition: _Partition, entry: _InFlight) -> bool:
+        index = partition.in_flight.index(entry)
+        if index == 0:
+            return False
+        return not await partition.in_flight[index - 1].resolved
+
+    async def _resolve_ambiguous(
+        self, batch: BatchToWrite, partition: _Partition, entry: _InFlight
+    ) -> WriteResult:
+        """Re-send the same bytes, in order behind earlier batches, until Kafka is definite."""
+        if await self._predecessor_failed(partition, entry):
+            # Kafka refuses a batch whose predecessor is missing: this one cannot be there.
+            return WriteResult(written=False, error_code=ErrorCode.not_enough_replicas)
+        attempt = 0
+        while True:
+            attempt += 1
+            await asyncio.sleep(min(self._retry_backoff_s * attempt, 5.0))
+            leader = await self._leader_of(batch.topic, batch.partition)
+            if leader is None:
+                continue
+            try:
+                link = await self._link(leader)
+                single = self._produce_request([(batch, entry)], int(self._timeout_s * 1000))
+                results = await self._await_answer(link.send(single), int(self._timeout_s * 1000))
+            except (OSError, TimeoutError):
+                results = None
+            outcome = results.get((batch.topic, batch.partition)) if results else None
+            if outcome is not None and outcome.error_code not in _AMBIGUOUS:
+                if attempt > 1 or outcome.written:
+                    log.info(
+                        "ambiguous write resolved",
+                        topic=batch.topic,
+                        partition=batch.partition,
+                        sequence=entry.sequence,
+                        written=outcome.written,
+                        attempts=attempt,
+                    )
+                return outcome
+            if attempt % 10 == 0:
+                log.warning(
+                    "write still ambiguous; retrying",
+                    topic=batch.topic,
+                    partition=batch.partition,
+                    sequence=entry.sequence,
+                    attempts=attempt,
+                )
+
+    def _finish(self, partition: _Partition, entry: _InFlight, written: bool) -> None:
+        if not entry.resolved.done():
+            entry.resolved.set_result(written)
+        partition.in_flight.remove(entry)
+        if not written:
+            partition.rewind_to = (
+                entry.sequence if partition.rewind_to is None else partition.rewind_to
+            )
+        if not partition.in_flight and partition.rewind_to is not None:
+            # Every batch after the first failure failed too (Kafka refuses gaps), so the
+            # sequence continues where that failure left it.
+            partition.next_sequence = partition.rewind_to
+            partition.rewind_to = None
+
+    # ---------------------------------------------------------------- Kafka requests
+
+    def _produce_request(
+        self, items: Sequence[tuple[BatchToWrite, _InFlight]], timeout_ms: int
+    ) -> produce_request.ProduceRequest:
+        topics: dict[str, list[produce_request.PartitionProduceData]] = {}
+        for batch, entry in items:
+            topics.setdefault(batch.topic, []).append(
+                produce_request.PartitionProduceData(
+                    index=i32(batch.partition), records=Records(entry.batch)
+                )
+            )
+        return produce_request.ProduceRequest(
+            transactional_id=None,
+            acks=i16(-1),  # idempotent writes require acks=all
+            timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=timeout_ms)),
+            topic_data=tuple(
+                produce_request.TopicProduceData(name=TopicName(name), partition_data=tuple(parts))
+                for name, parts in topics.items()
+            ),
+        )
+
+    async def _await_answer(
+        self, answer: asyncio.Future[Any], timeout_ms: int
+    ) -> dict[tuple[str, int], WriteResult] | None:
+        """Per-partition results, or None when the request's fate is unknown."""
+        try:
+            response = await asyncio.wait_for(answer, timeout_ms / 1000 + self._timeout_s)
+        except (LinkClosed, OSError, TimeoutError):
+            return None
+        results: dict[tuple[str, int], WriteResult] = {}
+        for topic in response.responses:
+            for part in topic.partition_responses:
+                code = ErrorCode(part.error_code)
+                append_time = part.log_append_time
+                results[(str(topic.name), int(part.index))] = WriteResult(
+                    written=code in _WRITTEN,
+                    error_code=0 if code in _WRITTEN else int(code),
+                    base_offset=int(part.base_offset) if code == ErrorCode.none else -1,
+                    log_append_time_ms=-1
+                    if append_time is None
+                    else int(append_time.timestamp() * 1000),
+                    log_start_offset=int(part.log_start_offset),
+                    error_message=part.error_message,
+                )
+        return results
+
+    async def _fresh_producer(self, previous: _Producer | None) -> _Producer:
+        """A producer id this partition has not used yet (Kafka starts it at sequence 0)."""
+        async with self._producer_lock:
+            if self._producer is None or self._producer == previous:
+                self._producer = await self._init_producer_id()
+            return self._producer
+
+    async def _init_producer_id(self) -> _Producer:
+        request = init_pid.InitProducerIdRequest(
+            transactional_id=None,
+            transaction_timeout=i32Timedelta.parse(datetime.timedelta(minutes=1)),
+        )
+        while True:
+            for endpoint in self._bootstrap():
+                try:
+                    link = await self._link(endpoint)
+                    response = await link.request(request)
+                except (OSError, TimeoutError):
+                    continue
+                if response.error_code == ErrorCode.none:
+                    producer = _Producer(int(response.producer_id), int(response.producer_epoch))
+                    log.info(
+                        "upstream producer id",
+                        producer_id=producer.producer_id,
+                        epoch=producer.epoch,
+                    )
+                    return producer
+                log.warning("InitProducerId failed", error=ErrorCode(response.error_code).name)
+            await asyncio.sleep(self._retry_backoff_s)
+
+    async def _link(self, endpoint: Endpoint) -> UpstreamClient:
+        link = self._links.get(endpoint)
+        if link is not None and link.is_open:
+            return link
+        lock = self._link_locks.setdefault(endpoint, asyncio.Lock())
+        async with lock:
+            link = self._links.get(endpoint)
+            if link is None or not link.is_open:
+                link = await UpstreamClient(endpoint, self._timeout_s).connect()
+                self._links[endpoint] = link
+            return link
+
+    def _partition(self, topic: str, partition: int) -> _Partition:
+        key = (topic, partition)
+        state = self._partitions.get(key)
+        if state is None:
+            state = self._partitions[key] = _Partition()
+        return state
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

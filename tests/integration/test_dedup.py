@@ -1,0 +1,552 @@
+"""Deduplication through the proxy, on real Kafka and Redis: Pulsar's own scenarios, ported.
+
+Every test reads the topic back (directly from Kafka) and checks its exact content and
+order, not just counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import io
+import itertools
+import json
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import kio.schema.produce.v9.request as produce_v9
+import kio.schema.produce.v9.response as produce_v9_response
+import pytest
+import redis.asyncio
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+from kio.records.schema import NewRecordBatch, Record, RecordHeader
+from kio.records.writers import write_new_batch
+from kio.schema.types import TopicName
+from kio.static.primitive import Records, TZAwareMicros, i8, i16, i32, i32Timedelta, i64
+
+from dedup.client import DedupProducer
+from dedup.state import DedupState, PartitionCheck
+from deploy.local import EnvInfo, java_tool_command
+from proxy.launcher import ProxyProcess
+from proxy.schemas import decode_response_body
+from proxy.upstream_client import encode_request
+from tests.integration.relay import Relay
+
+pytestmark = pytest.mark.integration
+
+RELAY_BOOTSTRAP, RELAY_BROKER_BASE = 28892, 28893
+RELAYED_LISTEN, RELAYED_ADMIN, RELAYED_BROKER_BASE = 28792, 28780, 28793
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def read_all(
+    bootstrap: str, topic: str, partition: int = 0
+) -> list[tuple[bytes, dict[str, bytes]]]:
+    """Every record of the partition, read straight from Kafka: (value, headers)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"r-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        records: list[tuple[bytes, dict[str, bytes]]] = []
+        deadline = time.monotonic() + 60
+        while len(records) < high and time.monotonic() < deadline:
+            for message in consumer.consume(1000, 0.5):
+                assert message.error() is None, message.error()
+                records.append((message.value(), dict(message.headers() or [])))
+        return records
+    finally:
+        consumer.close()
+
+
+def values(bootstrap: str, topic: str) -> list[bytes]:
+    return [value for value, _ in read_all(bootstrap, topic)]
+
+
+def assert_exactly_once_in_order(written: list[bytes], total: int) -> None:
+    """The topic holds 0..total-1, each once, in order; else say what is wrong, briefly."""
+    numbers = [int(v) for v in written]
+    seen: set[int] = set()
+    duplicates = [n for n in numbers if n in seen or seen.add(n)]  # type: ignore[func-returns-value]
+    missing = sorted(set(range(total)) - seen)
+    jumps = [(a, b) for a, b in itertools.pairwise(numbers) if b != a + 1]
+    assert (duplicates, missing[:20], jumps[:20]) == ([], [], []), (
+        f"{len(duplicates)} duplicates {duplicates[:10]}, {len(missing)} missing, "
+        f"{len(jumps)} jumps"
+    )
+
+
+def new_topic(bootstrap: str, config: dict[str, str] | None = None, partitions: int = 1) -> str:
+    name = f"dd-{uuid.uuid4().hex[:12]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=-1, config=config or {})
+    admin.create_topics([topic])[name].result(30)
+    return name
+
+
+def send_all(producer: DedupProducer, topic: str, sequences: Sequence[int]) -> None:
+    errors: list[KafkaError] = []
+    for sequence in sequences:
+        producer.send(
+            topic,
+            f"v{sequence}".encode(),
+            sequence_id=sequence,
+            on_delivery=lambda err, _m: errors.append(err) if err else None,
+        )
+    assert producer.flush(60) == 0
+    assert errors == []
+
+
+def explicit_request(
+    topic: str, identities: Sequence[tuple[str, int]], acks: int = -1, value_size: int = 0
+) -> produce_v9.ProduceRequest:
+    """A raw Produce request: one batch whose records carry the given identities."""
+    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
+    batch = io.BytesIO()
+    write_new_batch(
+        batch,
+        NewRecordBatch(
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+            base_sequence=i32(-1),
+            attributes=i16(0),
+            records=tuple(
+                Record(
+                    attributes=i8(0),
+                    timestamp=now,
+                    offset=i64(offset),
+                    key=None,
+                    value=(f"v{sequence}".encode() + b"x" * value_size),
+                    headers=(
+                        RecordHeader(key=b"dedup.producer", value=producer.encode()),
+                        RecordHeader(key=b"dedup.sequence", value=str(sequence).encode()),
+                    ),
+                )
+                for offset, (producer, sequence) in enumerate(identities)
+            ),
+        ),
+    )
+    return produce_v9.ProduceRequest(
+        transactional_id=None,
+        acks=i16(acks),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=(
+            produce_v9.TopicProduceData(
+                name=TopicName(topic),
+                partition_data=(
+                    produce_v9.PartitionProduceData(
+                        index=i32(0), records=Records(batch.getvalue())
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+def produce_raw(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any:
+    """Send one Produce request to the proxy's broker 0 listener; the partition's answer."""
+    port = proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(encode_request(request, 1))
+        size = int.from_bytes(_receive(sock, 4), "big")
+        frame = _receive(sock, size)
+    response = decode_response_body(0, 9, frame, 5)  # v9: flexible header, no tagged fields
+    assert isinstance(response, produce_v9_response.ProduceResponse)
+    return response.responses[0].partition_responses[0]
+
+
+def _receive(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "connection closed"
+        data += chunk
+    return data
+
+
+def admin_call(
+    proxy: ProxyProcess, method: str, path: str, body: dict[str, Any] | None = None
+) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{proxy.admin_url}{path}", data=data, method=method)
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.load(answer)
+
+
+def in_state(local_env: EnvInfo, prefix: str, action: Any) -> Any:
+    """Run ``action(state)`` against the proxy's own Redis state (white-box set-up)."""
+
+    async def run() -> Any:
+        client = redis.asyncio.from_url(local_env.redis)
+        try:
+            return await action(DedupState(client, key_prefix=prefix))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+# ----------------------------------------------------------------------------- Pulsar's scenarios
+
+
+def test_resent_sequences_are_dropped(dedup_proxy: ProxyProcess, local_env: EnvInfo) -> None:
+    topic = new_topic(local_env.bootstrap)
+    producer = DedupProducer(dedup_proxy.bootstrap, "p-resend", admin_url=dedup_proxy.admin_url)
+    send_all(producer, topic, [0, 1, 2])
+    send_all(producer, topic, [1, 2])
+    assert values(local_env.bootstrap, topic) == [b"v0", b"v1", b"v2"]
+    assert producer.last_sequence_id(topic) == 2
+
+
+def test_discontinuous_sequence_ids(dedup_proxy: ProxyProcess, local_env: EnvInfo) -> None:
+    topic = new_topic(local_env.bootstrap)
+    producer = DedupProducer(dedup_proxy.bootstrap, "p-holes", admin_url=dedup_proxy.admin_url)
+    send_all(producer, topic, [2, 3, 5])
+    send_all(producer, topic, [2, 4, 6])
+    assert values(local_env.bootstrap, topic) == [b"v2", b"v3", b"v5", b"v6"]
+
+
+def test_restarted_producer_resumes_and_blind_resend_adds_nothing(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    topic = new_topic(local_env.bootstrap)
+    first = DedupProducer(dedup_proxy.bootstrap, "p-restart", admin_url=dedup_proxy.admin_url)
+    send_all(first, topic, range(10))
+    del first
+    second = DedupProducer(dedup_proxy.bootstrap, "p-restart", admin_url=dedup_proxy.admin_url)
+    assert second.last_sequence_id(topic) == 9
+    send_all(second, topic, range(10))  # a blind re-send from the start
+    assert second.send(topic, b"v10") == 10  # automatic ids continue after the persisted one
+    assert second.flush(60) == 0
+    assert values(local_env.bootstrap, topic) == [f"v{i}".encode() for i in range(11)]
+
+
+def test_batch_mixing_duplicates_and_new_records_forwards_only_new(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    topic = new_topic(local_env.bootstrap)
+    first = produce_raw(dedup_proxy, explicit_request(topic, [("p-mix", 0), ("p-mix", 1)]))
+    assert (first.error_code, first.base_offset) == (0, 0)
+    mixed = produce_raw(
+        dedup_proxy, explicit_request(topic, [("p-mix", 1), ("p-mix", 2), ("p-mix", 3)])
+    )
+    assert mixed.error_code == 0
+    assert mixed.base_offset == -1, "a partly dropped batch must not report an offset"
+    assert values(local_env.bootstrap, topic) == [b"v0", b"v1", b"v2", b"v3"]
+
+
+def test_pending_write_resent_is_unknown_and_never_written_twice(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo, redis_key_prefix: str
+) -> None:
+    topic = new_topic(local_env.bootstrap)
+    assert produce_raw(dedup_proxy, explicit_request(topic, [("p-pending", 0)])).error_code == 0
+    # Another write of sequence 5 is in flight: pushed, not yet persisted.
+    in_state(
+        local_env,
+        redis_key_prefix,
+        lambda state: state.check_and_push([PartitionCheck(topic, 0, [("p-pending", 5)])], 0),
+    )
+    unknown = produce_raw(dedup_proxy, explicit_request(topic, [("p-pending", 5)]))
+    assert unknown.error_code == 19  # NOT_ENOUGH_REPLICAS: not written, retry later
+    assert values(local_env.bootstrap, topic) == [b"v0"]
+    # That other write is acknowledged: the retry is now a duplicate, success, not written.
+    in_state(
+        local_env, redis_key_prefix, lambda s: s.mark_persisted([(topic, 0, {"p-pending": 5})], 0)
+    )
+    retried = produce_raw(dedup_proxy, explicit_request(topic, [("p-pending", 5)]))
+    assert (retried.error_code, retried.base_offset) == (0, -1)
+    assert values(local_env.bootstrap, topic) == [b"v0"]
+
+
+def test_failed_write_then_retry_is_not_lost(dedup_proxy: ProxyProcess, local_env: EnvInfo) -> None:
+    topic = new_topic(local_env.bootstrap, {"max.message.bytes": "2000"})
+    big = explicit_request(topic, [("p-fail", 0)], value_size=5000)
+    failed = produce_raw(dedup_proxy, big)
+    assert failed.error_code in (10, 18), failed  # MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE
+    admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
+    resource = ConfigResource(
+        "topic",
+        topic,
+        incremental_configs=[
+            ConfigEntry("max.message.bytes", "100000", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+    deadline = time.monotonic() + 30
+    while (retried := produce_raw(dedup_proxy, big)).error_code != 0:
+        assert time.monotonic() < deadline, retried
+        time.sleep(0.5)
+    assert retried.base_offset == 0
+    assert len(values(local_env.bootstrap, topic)) == 1
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+def test_policy_priority_require_and_disable_clears(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo, redis_key_prefix: str
+) -> None:
+    prefix = f"pol{uuid.uuid4().hex[:6]}-"
+    admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
+    by_prefix, by_topic, by_global = f"{prefix}a", f"{prefix}b", f"other-{uuid.uuid4().hex[:8]}"
+    for name in (by_prefix, by_topic, by_global):
+        admin.create_topics([NewTopic(name, 1, replication_factor=-1)])[name].result(30)
+    try:
+        admin_call(dedup_proxy, "PUT", "/v1/policies/global", {"mode": "disabled"})
+        admin_call(dedup_proxy, "PUT", f"/v1/policies/prefixes/{prefix}", {"mode": "enabled"})
+        admin_call(dedup_proxy, "PUT", f"/v1/policies/topics/{by_topic}", {"mode": "disabled"})
+        time.sleep(1.5)  # policies are cached for a second
+        for name in (by_prefix, by_topic, by_global):
+            for _ in range(2):
+                produce_raw(dedup_proxy, explicit_request(name, [("p-pol", 7)]))
+        assert len(values(local_env.bootstrap, by_prefix)) == 1  # prefix beats global
+        assert len(values(local_env.bootstrap, by_topic)) == 2  # topic beats prefix
+        assert len(values(local_env.bootstrap, by_global)) == 2  # global beats the default
+
+        admin_call(dedup_proxy, "PUT", f"/v1/policies/topics/{by_topic}", {"mode": "require"})
+        time.sleep(1.5)
+        anonymous = produce_raw(
+            dedup_proxy,
+            _strip_identity(explicit_request(by_topic, [("x", 1)])),
+        )
+        assert anonymous.error_code == 87  # INVALID_RECORD
+        assert "requires a dedup identity" in (anonymous.error_message or "")
+        assert len(values(local_env.bootstrap, by_topic)) == 2
+
+        tracked = admin_call(dedup_proxy, "GET", f"/v1/topics/{by_prefix}/partitions/0/producers")
+        assert "p-pol" in tracked["producers"]
+        changed = admin_call(
+            dedup_proxy, "PUT", f"/v1/policies/prefixes/{prefix}", {"mode": "disabled"}
+        )
+        assert by_prefix in changed["cleared_topics"]
+        tracked = admin_call(dedup_proxy, "GET", f"/v1/topics/{by_prefix}/partitions/0/producers")
+        assert tracked["producers"] == {}
+    finally:
+        admin_call(dedup_proxy, "DELETE", "/v1/policies/global")
+        admin_call(dedup_proxy, "DELETE", f"/v1/policies/prefixes/{prefix}")
+        admin_call(dedup_proxy, "DELETE", f"/v1/policies/topics/{by_topic}")
+        time.sleep(1.5)
+
+
+def _strip_identity(request: produce_v9.ProduceRequest) -> produce_v9.ProduceRequest:
+    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
+    batch = io.BytesIO()
+    write_new_batch(
+        batch,
+        NewRecordBatch(
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+            base_sequence=i32(-1),
+            attributes=i16(0),
+            records=(
+                Record(
+                    attributes=i8(0),
+                    timestamp=now,
+                    offset=i64(0),
+                    key=None,
+                    value=b"anon",
+                    headers=(),
+                ),
+            ),
+        ),
+    )
+    topic = request.topic_data[0]
+    part = produce_v9.PartitionProduceData(index=i32(0), records=Records(batch.getvalue()))
+    return produce_v9.ProduceRequest(
+        transactional_id=None,
+        acks=request.acks,
+        timeout=request.timeout,
+        topic_data=(produce_v9.TopicProduceData(name=topic.name, partition_data=(part,)),),
+    )
+
+
+def test_unique_producer_names(dedup_proxy: ProxyProcess) -> None:
+    names = {
+        DedupProducer(dedup_proxy.bootstrap, admin_url=dedup_proxy.admin_url).producer_name
+        for _ in range(3)
+    }
+    assert len(names) == 3
+
+
+# ----------------------------------------------------------------------------- cut connections
+
+
+@pytest.fixture(scope="module")
+def relayed(
+    local_env: EnvInfo, tmp_path_factory: pytest.TempPathFactory, redis_key_prefix: str
+) -> Iterator[tuple[ProxyProcess, Relay]]:
+    """A dedup proxy that clients reach only through a relay that can cut connections."""
+    nodes = sorted(local_env.brokers)
+    relay = Relay(
+        {
+            RELAY_BOOTSTRAP: RELAYED_LISTEN,
+            **{RELAY_BROKER_BASE + n: RELAYED_BROKER_BASE + n for n in nodes},
+        }
+    ).start()
+    proxy = ProxyProcess(
+        upstream=local_env.bootstrap,
+        listen_port=RELAYED_LISTEN,
+        admin_port=RELAYED_ADMIN,
+        extra_args=["--broker-port-base", str(RELAYED_BROKER_BASE)],
+        env={
+            "DEDUP_PROXY_ADVERTISED_BROKER_PORT_BASE": str(RELAY_BROKER_BASE),
+            "DEDUP_PROXY_REDIS": local_env.redis,
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
+        },
+        log_path=tmp_path_factory.mktemp("relayed") / "proxy.log",
+    ).start()
+    yield proxy, relay
+    proxy.stop()
+    relay.stop()
+
+
+def cut_while(
+    relay: Relay, running: threading.Thread, every_s: float = 0.4, limit: int = 8
+) -> None:
+    time.sleep(every_s)
+    while running.is_alive() and relay.cuts < limit:
+        relay.cut()
+        time.sleep(every_s)
+
+
+def test_idempotent_librdkafka_through_cut_connections(
+    relayed: tuple[ProxyProcess, Relay], local_env: EnvInfo
+) -> None:
+    """Implicit identity: an unmodified idempotent producer, connections reset mid-stream.
+    librdkafka must never see a fatal error, and the topic holds each message once, in order."""
+    _, relay = relayed
+    topic = new_topic(local_env.bootstrap)
+    total, errors, fatal = 20_000, [], []
+    producer = Producer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{RELAY_BOOTSTRAP}",
+            "enable.idempotence": True,
+            "linger.ms": 1,
+            "batch.num.messages": 200,
+            "message.timeout.ms": 120_000,
+            "error_cb": lambda err: fatal.append(err) if err.fatal() else None,
+        }
+    )
+
+    def produce() -> None:
+        for index in range(total):
+            while True:
+                try:
+                    producer.produce(
+                        topic,
+                        str(index).encode(),
+                        on_delivery=lambda err, _m: errors.append(err) if err else None,
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            producer.poll(0)
+            if index % 500 == 0:
+                time.sleep(0.02)
+        producer.flush(120)
+
+    sender = threading.Thread(target=produce)
+    relay.cuts = 0
+    sender.start()
+    cut_while(relay, sender)
+    sender.join(180)
+    assert relay.cuts > 0
+    assert fatal == [] and errors == []
+    assert_exactly_once_in_order(values(local_env.bootstrap, topic), total)
+
+
+def test_dedup_producer_keeps_order_with_five_in_flight_through_cuts(
+    relayed: tuple[ProxyProcess, Relay], local_env: EnvInfo
+) -> None:
+    proxy, relay = relayed
+    topic = new_topic(local_env.bootstrap)
+    total, errors = 20_000, []
+    producer = DedupProducer(
+        f"127.0.0.1:{RELAY_BOOTSTRAP}",
+        "p-ordered",
+        admin_url=proxy.admin_url,
+        **{"max.in.flight.requests.per.connection": 5, "linger.ms": 1, "batch.num.messages": 100},
+    )
+
+    def produce() -> None:
+        for index in range(total):
+            producer.send(
+                topic,
+                str(index).encode(),
+                on_delivery=lambda err, _m: errors.append(err) if err else None,
+            )
+            if index % 500 == 0:
+                time.sleep(0.02)
+        producer.flush(120)
+
+    sender = threading.Thread(target=produce)
+    relay.cuts = 0
+    sender.start()
+    cut_while(relay, sender)
+    sender.join(180)
+    assert relay.cuts > 0 and errors == []
+    assert_exactly_once_in_order(values(local_env.bootstrap, topic), total)
+
+
+def test_java_idempotent_verifiable_producer_through_cuts(
+    relayed: tuple[ProxyProcess, Relay], local_env: EnvInfo, tmp_path: Any
+) -> None:
+    _, relay = relayed
+    topic = new_topic(local_env.bootstrap)
+    config = tmp_path / "producer.properties"
+    config.write_text(
+        "enable.idempotence=true\nacks=all\nretries=2147483647\nlinger.ms=1\nbatch.size=4096\n"
+    )
+    total = 5000
+    command = java_tool_command(
+        "org.apache.kafka.tools.VerifiableProducer",
+        "--bootstrap-server",
+        f"127.0.0.1:{RELAY_BOOTSTRAP}",
+        "--topic",
+        topic,
+        "--max-messages",
+        str(total),
+        "--throughput",
+        "800",
+        "--command-config",
+        str(config),
+    )
+    output: list[str] = []
+
+    def run() -> None:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=True)
+        output.extend(done.stdout.splitlines())
+
+    runner = threading.Thread(target=run)
+    relay.cuts = 0
+    runner.start()
+    time.sleep(2)  # the JVM starts and gets going
+    cut_while(relay, runner, every_s=0.5, limit=5)
+    runner.join(300)
+    events = [json.loads(line) for line in output if line.startswith("{")]
+    acked = [e for e in events if e.get("name") == "producer_send_success"]
+    failed = [e.get("exception", e) for e in events if e.get("name") == "producer_send_error"]
+    assert relay.cuts > 0
+    assert failed == [] and len(acked) == total, (len(failed), failed[:3])
+    assert_exactly_once_in_order(values(local_env.bootstrap, topic), total)

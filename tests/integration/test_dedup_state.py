@@ -1,0 +1,567 @@
+"""The dedup state (`dedup.state`) against a real Redis: Pulsar's scenarios at the state level,
+the per-record rules, eviction, purge, recovery, 64-bit boundaries, one round trip per call,
+races between two proxies, and a property test of the Lua scripts against a Python model.
+
+This module runs its own throwaway redis-server (port 16679), not the shared local environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis
+import redis.asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dedup.state import (
+    SEQUENCE_MAX,
+    SEQUENCE_MIN,
+    DedupState,
+    PartitionCheck,
+    PartitionVerdict,
+    ProducerState,
+    Status,
+)
+
+pytestmark = pytest.mark.integration
+
+REDIS_PORT = 16679
+NOT_DUP, DUP, UNKNOWN = Status.NOT_DUP, Status.DUP, Status.UNKNOWN
+
+
+@pytest.fixture(scope="module")
+def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A private redis-server for this module, killed at the end."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (deploy/setup.sh installs it)", pytrace=False)
+    data = tmp_path_factory.mktemp("dedup-redis")
+    log = (data / "redis.log").open("wb")
+    server = subprocess.Popen(
+        [
+            *(binary, "--port", str(REDIS_PORT), "--bind", "127.0.0.1"),
+            *("--save", "", "--appendonly", "no", "--dir", str(data)),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        _wait_for_ping(server, data / "redis.log")
+        yield REDIS_PORT
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+        log.close()
+
+
+def _wait_for_ping(server: subprocess.Popen[bytes], log: Path) -> None:
+    client = redis.Redis(port=REDIS_PORT, socket_connect_timeout=1)
+    deadline = time.monotonic() + 20
+    try:
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"redis-server exited: {log.read_text()}", pytrace=False)
+            try:
+                if client.ping():
+                    return
+            except redis.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"redis-server did not answer PING: {log.read_text()}")
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def client(redis_port: int) -> AsyncIterator[redis.asyncio.Redis]:
+    connection = redis.asyncio.Redis(port=redis_port)
+    yield connection
+    await connection.aclose()
+
+
+@pytest.fixture
+def state(client: redis.asyncio.Redis) -> DedupState:
+    return DedupState(client, key_prefix=fresh_prefix())
+
+
+def fresh_prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+async def check(
+    state: DedupState,
+    identities: Sequence[tuple[str, int]],
+    now_ms: int = 1_000,
+    topic: str = "orders",
+    partition: int = 0,
+) -> PartitionVerdict:
+    (verdict,) = await state.check_and_push([PartitionCheck(topic, partition, identities)], now_ms)
+    return verdict
+
+
+async def persist(
+    state: DedupState,
+    persisted: Mapping[str, int],
+    now_ms: int = 1_000,
+    topic: str = "orders",
+    partition: int = 0,
+) -> None:
+    await state.mark_persisted([(topic, partition, persisted)], now_ms)
+
+
+async def maps(
+    state: DedupState, topic: str = "orders", partition: int = 0
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(pushed, persisted) of a partition."""
+    producers = await state.producers(topic, partition)
+    pushed = {p: s.pushed for p, s in producers.items() if s.pushed is not None}
+    persisted = {p: s.persisted for p, s in producers.items() if s.persisted is not None}
+    return pushed, persisted
+
+
+def seq(producer: str, sequences: Iterable[int]) -> list[tuple[str, int]]:
+    return [(producer, s) for s in sequences]
+
+
+# -- Pulsar's scenarios, at the state level ---------------------------------------------------
+
+
+async def test_resend_after_persisted_is_dup(state: DedupState) -> None:
+    first = await check(state, seq("p", [0, 1, 2]))
+    assert first.statuses == (NOT_DUP, NOT_DUP, NOT_DUP)
+    assert not first.refused and first.evicted == ()
+    await persist(state, {"p": 2})
+    again = await check(state, seq("p", [1, 2]))
+    assert again.statuses == (DUP, DUP) and not again.refused
+    assert await state.last_sequence("orders", 0, "p") == 2
+
+
+async def test_pushed_but_not_persisted_is_unknown_and_refused_batch_changes_nothing(
+    state: DedupState,
+) -> None:
+    await check(state, seq("p", [0, 1, 2]), now_ms=1_000)
+    await persist(state, {"p": 0}, now_ms=1_000)
+    before = await state.producers("orders", 0)
+    # 1 and 2 were pushed, not acknowledged: Unknown. The new record (3) and the new producer
+    # (q) of the same batch are refused with it.
+    verdict = await check(state, [("p", 3), ("p", 1), ("q", 0)], now_ms=5_000)
+    assert verdict.statuses == (NOT_DUP, UNKNOWN, NOT_DUP)
+    assert verdict.refused
+    assert await state.producers("orders", 0) == before  # pushed, persisted, last seen
+    # Once acknowledged, the retry is a duplicate and the rest goes through.
+    await persist(state, {"p": 2})
+    retry = await check(state, [("p", 3), ("p", 1), ("q", 0)])
+    assert retry.statuses == (NOT_DUP, DUP, NOT_DUP)
+    assert await maps(state) == ({"p": 3, "q": 0}, {"p": 2})
+
+
+async def test_discontinuous_sequence_ids(state: DedupState) -> None:
+    first = await check(state, seq("p", [2, 3, 5]))
+    await persist(state, {"p": 5})
+    second = await check(state, seq("p", [2, 4, 6]))
+    assert first.statuses == (NOT_DUP, NOT_DUP, NOT_DUP)
+    assert second.statuses == (DUP, DUP, NOT_DUP)  # a hole below the high mark is never filled
+    assert (first.statuses + second.statuses).count(NOT_DUP) == 4
+
+
+# -- the per-record rules ---------------------------------------------------------------------
+
+
+async def test_lower_sequence_inside_one_batch_is_dup_not_unknown(state: DedupState) -> None:
+    assert (await check(state, [("p", 3), ("p", 1), ("p", 3)])).statuses == (NOT_DUP, DUP, DUP)
+    await persist(state, {"p": 3})
+    verdict = await check(state, [("p", 7), ("p", 6), ("p", 8), ("p", 8), ("p", 2)])
+    assert verdict.statuses == (NOT_DUP, DUP, NOT_DUP, DUP, DUP)
+    assert await maps(state) == ({"p": 8}, {"p": 3})
+
+
+async def test_in_batch_rule_does_not_hide_an_earlier_unacknowledged_push(
+    state: DedupState,
+) -> None:
+    await check(state, seq("p", [0, 5]))
+    await persist(state, {"p": 3})
+    # 6 raises pushed inside the batch, but 5 was pushed by an EARLIER batch: Unknown.
+    verdict = await check(state, seq("p", [6, 5]))
+    assert verdict.statuses == (NOT_DUP, UNKNOWN) and verdict.refused
+    assert await maps(state) == ({"p": 5}, {"p": 3})
+
+
+async def test_mixed_batch_keeps_only_the_new_records(state: DedupState) -> None:
+    await check(state, seq("p", [1, 2, 3]))
+    await persist(state, {"p": 3})
+    verdict = await check(state, [("p", 2), ("p", 3), ("p", 4), ("q", 0), ("p", 4), ("q", 1)])
+    assert verdict.statuses == (DUP, DUP, NOT_DUP, NOT_DUP, DUP, NOT_DUP)
+    assert await maps(state) == ({"p": 4, "q": 1}, {"p": 3})
+
+
+async def test_reset_pushed_makes_failed_writes_new_again(state: DedupState) -> None:
+    await check(state, [*seq("p", range(5)), ("r", 7)])
+    await persist(state, {"p": 2})
+    assert (await check(state, seq("p", [3]))).refused
+    await state.reset_pushed("orders", 0)
+    assert await maps(state) == ({"p": 2}, {"p": 2})  # r: never persisted, no pushed either
+    assert (await check(state, [("p", 2), ("p", 3), ("r", 7)])).statuses == (DUP, NOT_DUP, NOT_DUP)
+
+
+async def test_mark_persisted_takes_the_max_and_keeps_pushed_at_least_persisted(
+    state: DedupState,
+) -> None:
+    await check(state, seq("p", [10]), partition=0)
+    await check(state, seq("p", [20]), partition=1)
+    await state.mark_persisted([("orders", 0, {"p": 10}), ("orders", 1, {"p": 20})], 1_000)
+    await state.mark_persisted([("orders", 0, {"p": 4}), ("orders", 1, {"p": 19})], 1_000)
+    assert await state.last_sequence("orders", 0, "p") == 10
+    assert await state.last_sequence("orders", 1, "p") == 20
+    # An acknowledgement above pushed (after a reset, or for an evicted producer) raises pushed.
+    await state.reset_pushed("orders", 0)
+    await persist(state, {"p": 12, "new": -5})
+    assert await maps(state) == ({"p": 12, "new": -5}, {"p": 12, "new": -5})
+    assert (await check(state, [("p", 12), ("new", -5), ("new", -4)])).statuses == (
+        DUP,
+        DUP,
+        NOT_DUP,
+    )
+    assert await state.last_sequence("orders", 0, "nobody") == -1
+
+
+# -- eviction, purge, clear, recovery ---------------------------------------------------------
+
+
+async def test_eviction_at_max_producers_drops_the_least_recently_seen(
+    client: redis.asyncio.Redis,
+) -> None:
+    state = DedupState(client, key_prefix=fresh_prefix(), max_producers=3)
+    for now, producer in enumerate(["a", "b", "c"], start=1):
+        assert (await check(state, [(producer, 0)], now_ms=now)).evicted == ()
+    await persist(state, {"a": 0}, now_ms=1)
+    assert (await check(state, [("d", 0)], now_ms=4)).evicted == ("a",)
+    assert sorted(await state.producers("orders", 0)) == ["b", "c", "d"]
+    assert await state.last_sequence("orders", 0, "a") == -1  # gone from persisted too
+    await persist(state, {"b": 0}, now_ms=2)
+    # Touching b makes c the least recently seen, even by a DUP-only batch.
+    assert (await check(state, [("b", 0)], now_ms=5)).statuses == (DUP,)
+    verdict = await check(state, [("e", 0), ("f", 0)], now_ms=6)
+    assert verdict.evicted == ("c", "d")
+    producers = await state.producers("orders", 0)
+    assert producers == {
+        "b": ProducerState(0, 0, 5),
+        "e": ProducerState(0, None, 6),
+        "f": ProducerState(0, None, 6),
+    }
+    # A refused batch evicts nobody.
+    assert (await check(state, [("g", 0), ("e", 0)], now_ms=7)).statuses == (NOT_DUP, UNKNOWN)
+    assert await state.producers("orders", 0) == producers
+
+
+async def test_eviction_never_takes_a_producer_of_the_batch(client: redis.asyncio.Redis) -> None:
+    state = DedupState(client, key_prefix=fresh_prefix(), max_producers=2)
+    await check(state, [("a", 0)], now_ms=100)
+    await check(state, [("b", 0)], now_ms=200)
+    # This proxy's clock is behind: a and c end up the oldest, yet they are in the batch.
+    verdict = await check(state, [("a", 1), ("c", 0)], now_ms=50)
+    assert verdict.evicted == ("b",)
+    producers = await state.producers("orders", 0)
+    assert producers == {"a": ProducerState(1, None, 100), "c": ProducerState(0, None, 50)}
+
+
+async def test_purge_idle(state: DedupState) -> None:
+    for now, producer in [(100, "a"), (200, "b"), (300, "c")]:
+        await check(state, [(producer, 1)], now_ms=now)
+        await persist(state, {producer: 1}, now_ms=now)
+    assert await state.purge_idle("orders", 0, older_than_ms=200) == ["a"]
+    assert await state.purge_idle("orders", 0, older_than_ms=200) == []
+    assert sorted(await state.producers("orders", 0)) == ["b", "c"]
+    assert await state.last_sequence("orders", 0, "a") == -1
+    assert (await check(state, [("a", 0)])).statuses == (NOT_DUP,)  # a fresh producer again
+
+
+async def test_partitions_and_clear(state: DedupState) -> None:
+    await state.check_and_push(
+        [PartitionCheck("orders", p, [("p", p)]) for p in (0, 2, 5)]
+        + [PartitionCheck("other", 0, [("p", 1)])],
+        1_000,
+    )
+    assert await state.partitions("orders") == [0, 2, 5]
+    assert await state.partitions("missing") == []
+    await state.clear("orders", 2)
+    assert await state.partitions("orders") == [0, 5]
+    assert await state.producers("orders", 2) == {}
+    assert (await check(state, [("p", 2)], partition=2)).statuses == (NOT_DUP,)
+    await state.clear("orders")
+    assert await state.partitions("orders") == []
+    for partition in (0, 2, 5):
+        assert await state.producers("orders", partition) == {}
+    assert await state.partitions("other") == [0]  # another topic is untouched
+    assert await state.last_sequence("other", 0, "p") == -1  # pushed, never persisted
+    assert (await check(state, [("p", 1)], topic="other")).statuses == (UNKNOWN,)
+
+
+async def test_topics_lists_the_topics_with_state(client: redis.asyncio.Redis) -> None:
+    base = fresh_prefix()
+    state = DedupState(client, key_prefix=f"{base}-*")  # a glob character, taken literally
+    neighbour = DedupState(client, key_prefix=f"{base}-other")
+    assert await state.topics() == []
+    await state.check_and_push([PartitionCheck(t, 1, [("p", 1)]) for t in ("b.v2_x-1", "a")], 1)
+    await state.load_persisted("c", 0, {"p": 1}, 1)
+    await neighbour.check_and_push([PartitionCheck("n", 0, [("p", 1)])], 1)
+    assert await state.topics() == ["a", "b.v2_x-1", "c"]
+    await state.clear("a")
+    assert await state.topics() == ["b.v2_x-1", "c"]
+    assert await neighbour.topics() == ["n"]
+
+
+async def test_partitions_skips_partitions_whose_state_is_gone(state: DedupState) -> None:
+    await check(state, [("p", 1)], partition=3)
+    await check(state, [("p", 1)], partition=4, now_ms=1)
+    assert await state.purge_idle("orders", 4, older_than_ms=2) == ["p"]
+    assert await state.partitions("orders") == [3]
+
+
+async def test_load_persisted_replaces_both_maps(state: DedupState) -> None:
+    await check(state, [("x", 5), ("y", 5)], now_ms=100)
+    await check(state, [("y", 9)], now_ms=200)
+    await state.load_persisted("orders", 0, {"y": 7, "z": 3}, now_ms=900)
+    assert await state.producers("orders", 0) == {
+        "y": ProducerState(7, 7, 200),  # keeps its last-seen time
+        "z": ProducerState(3, 3, 900),
+    }
+    assert await state.partitions("orders") == [0]
+    verdict = await check(state, [("y", 7), ("y", 8), ("z", 3), ("x", 1)])
+    assert verdict.statuses == (DUP, NOT_DUP, DUP, NOT_DUP)
+    await state.load_persisted("orders", 0, {}, now_ms=1_000)
+    assert await state.producers("orders", 0) == {}
+
+
+# -- 64-bit sequences -------------------------------------------------------------------------
+
+
+async def test_sequences_near_the_64_bit_limits_compare_exactly(state: DedupState) -> None:
+    # Each pair is one apart but the same double: Lua numbers would call them equal.
+    for low, high in [
+        (SEQUENCE_MAX - 1, SEQUENCE_MAX),
+        (SEQUENCE_MIN, SEQUENCE_MIN + 1),
+        (2**53, 2**53 + 1),
+        (-(2**53) - 2, -(2**53) - 1),
+    ]:
+        producer = f"p{low}"
+        assert (await check(state, [(producer, low)])).statuses == (NOT_DUP,)
+        await persist(state, {producer: low})
+        assert (await check(state, [(producer, high), (producer, low)])).statuses == (NOT_DUP, DUP)
+        assert (await check(state, [(producer, high)])).statuses == (UNKNOWN,)
+        await persist(state, {producer: high})
+        await persist(state, {producer: low})  # max: stays high
+        assert await state.last_sequence("orders", 0, producer) == high
+    # Sign, length and digit order: MIN < -10 < -9 < -1 < 0 < 9 < 10 < MAX.
+    ladder = [SEQUENCE_MIN, -10, -9, -1, 0, 9, 10, SEQUENCE_MAX]
+    assert (await check(state, seq("ladder", ladder))).statuses == (NOT_DUP,) * len(ladder)
+    assert (await check(state, seq("down", reversed(ladder)))).statuses == (
+        NOT_DUP,
+        *(DUP,) * (len(ladder) - 1),
+    )
+    with pytest.raises(ValueError, match="64-bit"):
+        await check(state, [("p", SEQUENCE_MAX + 1)])
+    with pytest.raises(ValueError, match="64-bit"):
+        await persist(state, {"p": SEQUENCE_MIN - 1})
+
+
+@pytest.mark.parametrize("decode_responses", [False, True])
+async def test_any_client_decoding_and_unicode_names(
+    redis_port: int, decode_responses: bool
+) -> None:
+    connection = redis.asyncio.Redis(port=redis_port, decode_responses=decode_responses)
+    try:
+        state = DedupState(connection, key_prefix=fresh_prefix(), max_producers=1)
+        assert await state.check_and_push([], 1) == []
+        await state.mark_persisted([], 1)
+        assert (await check(state, [("prodücer ✓", 1)], now_ms=1)).statuses == (NOT_DUP,)
+        await persist(state, {"prodücer ✓": 1}, now_ms=1)
+        assert (await check(state, [("другой", 5)], now_ms=2)).evicted == ("prodücer ✓",)
+        assert await state.producers("orders", 0) == {"другой": ProducerState(5, None, 2)}
+        assert await state.purge_idle("orders", 0, older_than_ms=3) == ["другой"]
+        assert await state.partitions("orders") == []
+    finally:
+        await connection.aclose()
+
+
+def test_bad_configuration_is_refused() -> None:
+    client = redis.asyncio.Redis(port=REDIS_PORT)  # never connects
+    with pytest.raises(ValueError, match="brace"):
+        DedupState(client, key_prefix="a{b}")
+    with pytest.raises(ValueError, match="max_producers"):
+        DedupState(client, max_producers=0)
+
+
+# -- the network: one round trip, NOSCRIPT, two proxies racing --------------------------------
+
+
+class CountingConnection(redis.asyncio.Connection):
+    """Counts writes to the socket: a pipeline writes once, then reads every reply."""
+
+    sends = 0
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        CountingConnection.sends += 1
+        await super().send_packed_command(command, check_health)
+
+
+async def test_many_partitions_in_one_call_is_one_round_trip(redis_port: int) -> None:
+    pool = redis.asyncio.ConnectionPool(port=redis_port, connection_class=CountingConnection)
+    counted = redis.asyncio.Redis(connection_pool=pool)
+    try:
+        state = DedupState(counted, key_prefix=fresh_prefix())
+        await check(state, [("warm-up", 0)])  # connects and loads the scripts
+        partitions = 64
+        checks = [
+            PartitionCheck(topic, p, [("a", 1), ("b", 2), ("a", 3)])
+            for topic in ("orders", "payments")
+            for p in range(partitions // 2)
+        ]
+        evalsha_before = await evalsha_calls(counted)
+        CountingConnection.sends = 0
+        verdicts = await state.check_and_push(checks, 2_000)
+        assert CountingConnection.sends == 1
+        assert await evalsha_calls(counted) - evalsha_before == partitions
+        assert all(v.statuses == (NOT_DUP, NOT_DUP, NOT_DUP) for v in verdicts)
+
+        CountingConnection.sends = 0
+        await state.mark_persisted([(c.topic, c.partition, {"a": 3, "b": 2}) for c in checks], 1)
+        assert CountingConnection.sends == 1
+        assert await state.partitions("orders") == list(range(partitions // 2))
+    finally:
+        await counted.aclose()
+
+
+async def evalsha_calls(client: redis.asyncio.Redis) -> int:
+    stats: dict[str, Any] = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_scripts_are_reloaded_after_script_flush(
+    state: DedupState, client: redis.asyncio.Redis
+) -> None:
+    await check(state, [("p", 1)])
+    await client.script_flush()
+    verdicts = await state.check_and_push(
+        [PartitionCheck("orders", 0, [("p", 1), ("p", 2)]), PartitionCheck("orders", 1, [])], 1
+    )
+    assert [v.statuses for v in verdicts] == [(UNKNOWN, NOT_DUP), ()]
+    await client.script_flush()
+    await persist(state, {"p": 1})
+    await client.script_flush()
+    await state.reset_pushed("orders", 0)
+    assert await maps(state) == ({"p": 1}, {"p": 1})
+
+
+async def test_two_proxies_racing_for_the_same_record_one_wins(redis_port: int) -> None:
+    prefix = fresh_prefix()
+    clients = [redis.asyncio.Redis(port=redis_port) for _ in range(2)]
+    try:
+        first, second = (DedupState(c, key_prefix=prefix) for c in clients)
+        for proxy in (first, second):  # both connected before the race
+            assert await proxy.last_sequence("orders", 0, "p") == -1
+        for sequence in range(200):
+            records = [("p", sequence), ("q", sequence)]
+            a, b = await asyncio.gather(check(first, records), check(second, records))
+            assert sorted([a.statuses, b.statuses]) == [(NOT_DUP,) * 2, (UNKNOWN,) * 2]
+            winner = first if a.statuses[0] is NOT_DUP else second
+            await persist(winner, {"p": sequence, "q": sequence})
+        assert await maps(first) == ({"p": 199, "q": 199}, {"p": 199, "q": 199})
+    finally:
+        await asyncio.gather(*(c.aclose() for c in clients))
+
+
+# -- the scripts against a pure-Python model of the rules --------------------------------------
+
+
+class Model:
+    """The rules of `dedup.state`, in plain Python (unbounded producers)."""
+
+    def __init__(self) -> None:
+        self.pushed: dict[str, int] = {}
+        self.persisted: dict[str, int] = {}
+
+    def check(self, identities: Sequence[tuple[str, int]]) -> tuple[Status, ...]:
+        pushed = dict(self.pushed)
+        statuses = []
+        for producer, s in identities:
+            if producer not in pushed or s > pushed[producer]:
+                statuses.append(NOT_DUP)
+                pushed[producer] = s
+            elif s <= self.persisted.get(producer, SEQUENCE_MIN - 1):
+                statuses.append(DUP)
+            elif producer not in self.pushed or s > self.pushed[producer]:
+                statuses.append(DUP)  # raised by an earlier record of this batch
+            else:
+                statuses.append(UNKNOWN)
+        if UNKNOWN not in statuses:
+            self.pushed = pushed
+        return tuple(statuses)
+
+    def persist(self, persisted: Mapping[str, int]) -> None:
+        for producer, s in persisted.items():
+            self.persisted[producer] = max(self.persisted.get(producer, s), s)
+            self.pushed[producer] = max(self.pushed.get(producer, s), self.persisted[producer])
+
+    def reset(self) -> None:
+        self.pushed = dict(self.persisted)
+
+
+SEQUENCES = st.one_of(
+    st.integers(-3, 12),
+    st.sampled_from(
+        [
+            *(SEQUENCE_MIN, SEQUENCE_MIN + 1, SEQUENCE_MAX - 1, SEQUENCE_MAX),
+            *(-(2**53) - 1, -(2**53), 2**53, 2**53 + 1),
+        ]
+    ),
+    st.integers(SEQUENCE_MIN, SEQUENCE_MAX),
+)
+PRODUCERS = st.sampled_from(["a", "b", "c"])
+OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("check"), st.lists(st.tuples(PRODUCERS, SEQUENCES), max_size=8)),
+        st.tuples(st.just("persist"), st.dictionaries(PRODUCERS, SEQUENCES, max_size=3)),
+        st.tuples(st.just("reset"), st.none()),
+    ),
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],  # a fresh prefix per example
+)
+@given(operations=OPERATIONS)
+async def test_scripts_agree_with_the_model(
+    client: redis.asyncio.Redis, operations: list[tuple[str, Any]]
+) -> None:
+    state = DedupState(client, key_prefix=fresh_prefix())
+    model = Model()
+    for operation, argument in operations:
+        if operation == "check":
+            assert (await check(state, argument)).statuses == model.check(argument)
+        elif operation == "persist":
+            await persist(state, argument)
+            model.persist(argument)
+        else:
+            await state.reset_pushed("orders", 0)
+            model.reset()
+        assert await maps(state) == (model.pushed, model.persisted)

@@ -1,0 +1,660 @@
+"""Record batches: identity rules, the rebuild round trip for every codec, the broker's error
+codes for bad input, and fuzzing (only BadBatch, whatever the bytes)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kafka.codec import snappy_encode
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.util import calc_crc32c
+from kio.schema.errors import ErrorCode
+
+from dedup.batches import (
+    CODEC_NAMES,
+    DEFAULT_HEADERS,
+    HEADER_PRODUCER,
+    HEADER_SEQUENCE,
+    HEADER_SIZE,
+    BadBatch,
+    Identity,
+    IdentityHeaders,
+    IncomingRecord,
+    build_batch,
+    read_batches,
+)
+
+pytestmark = pytest.mark.unit
+
+CODECS = sorted(CODEC_NAMES)
+HEADER = DefaultRecordBatch.HEADER_STRUCT
+ATTRIBUTES_OFFSET = DefaultRecordBatch.ATTRIBUTES_OFFSET
+CRC_OFFSET = DefaultRecordBatch.CRC_OFFSET
+# Field positions in kafka-python's HEADER_STRUCT.
+F_LENGTH, F_MAGIC, F_ATTRIBUTES, F_LAST_DELTA, F_PID, F_EPOCH, F_BASE_SEQ, F_COUNT = (
+    1,
+    3,
+    5,
+    6,
+    9,
+    10,
+    11,
+    12,
+)
+
+CASES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def fix_crc(batch: bytes | bytearray) -> bytes:
+    out = bytearray(batch)
+    crc = calc_crc32c(memoryview(out)[ATTRIBUTES_OFFSET:])
+    struct.pack_into(">I", out, CRC_OFFSET, crc)
+    return bytes(out)
+
+
+def with_header(batch: bytes, **fields: int) -> bytes:
+    """The batch with header fields replaced (by HEADER_STRUCT position name) and the CRC
+    recomputed, so that only the changed field is wrong."""
+    positions = {
+        "length": F_LENGTH,
+        "magic": F_MAGIC,
+        "attributes": F_ATTRIBUTES,
+        "last_offset_delta": F_LAST_DELTA,
+        "producer_id": F_PID,
+        "producer_epoch": F_EPOCH,
+        "base_sequence": F_BASE_SEQ,
+        "count": F_COUNT,
+    }
+    values = list(HEADER.unpack_from(batch))
+    for name, value in fields.items():
+        values[positions[name]] = value
+    return fix_crc(HEADER.pack(*values) + batch[HEADER_SIZE:])
+
+
+def raw_batch(
+    records: Sequence[tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+    *,
+    compression: int = 0,
+    transactional: bool = False,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytes:
+    """A batch as a client writes it (kafka-python's own builder): (offset, key, value,
+    headers) per record, timestamp 1000 + offset."""
+    builder: Any = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=compression,
+        is_transactional=transactional,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        batch_size=1 << 30,
+    )
+    for offset, key, value, headers in records:
+        builder.append(offset, 1000 + offset, key, value, list(headers))
+    return bytes(builder.build())
+
+
+def explicit(producer: bytes | None, sequence: bytes | None) -> list[tuple[str, bytes | None]]:
+    return [(HEADER_PRODUCER, producer), (HEADER_SEQUENCE, sequence)]
+
+
+def error_of(data: bytes, **kwargs: Any) -> BadBatch:
+    with pytest.raises(BadBatch) as info:
+        read_batches(data, **kwargs)
+    return info.value
+
+
+# --------------------------------------------------------------------------- strategies
+
+optional_bytes = st.none() | st.binary(max_size=40)
+header_names = st.text(max_size=12).filter(lambda n: n not in (HEADER_PRODUCER, HEADER_SEQUENCE))
+plain_headers = st.lists(st.tuples(header_names, optional_bytes), max_size=4).map(tuple)
+producer_names = st.text(min_size=1, max_size=20)
+int64s = st.integers(-(1 << 63), (1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One record as a client sends it; `explicit` is its identity headers, if any."""
+
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    explicit: Identity | None
+
+    def wire_headers(self) -> tuple[tuple[str, bytes | None], ...]:
+        if self.explicit is None:
+            return self.headers
+        # Identity headers anywhere among the others (the reader must not care where).
+        cut = len(self.headers) // 2
+        return (
+            *self.headers[:cut],
+            (HEADER_PRODUCER, self.explicit.producer.encode()),
+            *self.headers[cut:],
+            (HEADER_SEQUENCE, str(self.explicit.sequence).encode()),
+        )
+
+
+specs = st.builds(
+    Spec,
+    timestamp=st.integers(0, 1 << 44),
+    key=optional_bytes,
+    value=optional_bytes,
+    headers=plain_headers,
+    explicit=st.none() | st.builds(Identity, producer_names, int64s),
+)
+
+
+@dataclass(frozen=True)
+class Producer:
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+
+producers = st.one_of(
+    st.just(Producer(-1, -1, -1)),
+    st.builds(
+        Producer,
+        st.integers(0, (1 << 63) - 1),
+        st.integers(0, (1 << 15) - 1),
+        # Near the int32 end too, where Kafka's sequences wrap to 0.
+        st.integers(0, (1 << 31) - 1) | st.integers((1 << 31) - 20, (1 << 31) - 1),
+    ),
+)
+
+
+def expected_identity(spec: Spec, offset_delta: int, producer: Producer) -> Identity | None:
+    if spec.explicit is not None:
+        return spec.explicit
+    if producer.producer_id < 0:
+        return None
+    return Identity(
+        f"kafka-pid-{producer.producer_id}-{producer.producer_epoch}",
+        (producer.base_sequence + offset_delta) % (1 << 31),
+    )
+
+
+def client_records(items: Sequence[Spec]) -> list[IncomingRecord]:
+    return [
+        IncomingRecord(i, s.timestamp, s.key, s.value, s.wire_headers(), None)
+        for i, s in enumerate(items)
+    ]
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@CASES
+@given(
+    items=st.lists(specs, min_size=1, max_size=12),
+    client=producers,
+    proxy=producers,
+    keep=st.lists(st.booleans(), min_size=12, max_size=12),
+    data=st.data(),
+)
+def test_read_then_rebuild_kept_records(
+    codec: int,
+    items: list[Spec],
+    client: Producer,
+    proxy: Producer,
+    keep: list[bool],
+    data: st.DataObject,
+) -> None:
+    timestamp_type = data.draw(st.sampled_from([0, 1]), label="client timestamp type")
+    # The client's batch (built by build_batch without identity headers: a client's batch).
+    incoming_bytes = build_batch(
+        client_records(items),
+        compression=codec,
+        timestamp_type=0,
+        producer_id=client.producer_id,
+        producer_epoch=client.producer_epoch,
+        base_sequence=client.base_sequence,
+        add_identity_headers=False,
+    )
+    [incoming] = read_batches(incoming_bytes)
+    assert incoming.raw == incoming_bytes
+    assert incoming.compression == codec
+    assert (incoming.producer_id, incoming.producer_epoch, incoming.base_sequence) == (
+        client.producer_id,
+        client.producer_epoch,
+        client.base_sequence,
+    )
+    assert not incoming.transactional and not incoming.control
+    assert [r.offset_delta for r in incoming.records] == list(range(len(items)))
+    for record, spec in zip(incoming.records, items, strict=True):
+        assert (record.timestamp, record.key, record.value) == (
+            spec.timestamp,
+            spec.key,
+            spec.value,
+        )
+        assert record.headers == spec.wire_headers()
+        assert record.identity == expected_identity(spec, record.offset_delta, client)
+
+    # Keep a subset and rebuild under the proxy's producer.
+    kept = [r for r, k in zip(incoming.records, keep, strict=False) if k] or [incoming.records[0]]
+    rebuilt = build_batch(
+        kept,
+        compression=codec,
+        timestamp_type=timestamp_type,
+        producer_id=proxy.producer_id,
+        producer_epoch=proxy.producer_epoch,
+        base_sequence=proxy.base_sequence,
+        add_identity_headers=True,
+    )
+    [out] = read_batches(rebuilt)
+    assert out.compression == codec
+    assert out.timestamp_type == timestamp_type
+    assert (out.producer_id, out.producer_epoch, out.base_sequence) == (
+        proxy.producer_id,
+        proxy.producer_epoch,
+        proxy.base_sequence,
+    )
+    header = DefaultRecordBatch(rebuilt)
+    assert header.first_timestamp == kept[0].timestamp
+    assert header.max_timestamp == max(r.timestamp for r in kept)
+    assert header.last_offset_delta == len(kept) - 1
+    assert [r.offset_delta for r in out.records] == list(range(len(kept)))
+    for got, was in zip(out.records, kept, strict=True):
+        expected_ts = header.max_timestamp if timestamp_type == 1 else was.timestamp
+        assert (got.timestamp, got.key, got.value) == (expected_ts, was.key, was.value)
+        # Every identity survives, the implicit ones through the appended headers; a record
+        # that had none reads (outside the log) as one of the proxy's own producer.
+        if was.identity is not None:
+            assert got.identity == was.identity
+        elif proxy.producer_id >= 0:
+            assert got.identity == Identity(
+                f"kafka-pid-{proxy.producer_id}-{proxy.producer_epoch}",
+                (proxy.base_sequence + got.offset_delta) % (1 << 31),
+            )
+        else:
+            assert got.identity is None
+        if was.identity is not None and not any(n == HEADER_PRODUCER for n, _ in was.headers):
+            assert got.headers == (
+                *was.headers,
+                (HEADER_PRODUCER, was.identity.producer.encode()),
+                (HEADER_SEQUENCE, str(was.identity.sequence).encode()),
+            )
+        else:
+            assert got.headers == was.headers
+    # And a replay of the log (batch header = the proxy's producer) finds them in headers.
+    [logged] = read_batches(rebuilt, from_log=True)
+    assert [r.identity for r in logged.records] == [r.identity for r in kept]
+
+
+@CASES
+@given(items=st.lists(specs, min_size=1, max_size=8), codec=st.sampled_from(CODECS))
+def test_rebuild_without_identity_headers_keeps_headers(items: list[Spec], codec: int) -> None:
+    records = [replace(r, identity=Identity("p", 1)) for r in client_records(items)]
+    rebuilt = build_batch(
+        records,
+        compression=codec,
+        timestamp_type=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        add_identity_headers=False,
+    )
+    [out] = read_batches(rebuilt)
+    assert [r.headers for r in out.records] == [r.headers for r in records]
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+def test_codec_is_kept_even_when_it_does_not_shrink(codec: int) -> None:
+    record = IncomingRecord(0, 5, None, bytes(range(7)), (), None)
+    batch = build_batch(
+        [record],
+        compression=codec,
+        timestamp_type=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        add_identity_headers=False,
+    )
+    assert DefaultRecordBatch(batch).compression_type == codec
+    assert read_batches(batch)[0].records[0].value == bytes(range(7))
+
+
+def test_snappy_writes_xerial_framing_and_reads_raw_snappy() -> None:
+    """The Java client writes xerial-framed snappy, librdkafka raw snappy: read both, write
+    xerial (what kafka-python's producer and the Java client send)."""
+    record = IncomingRecord(0, 5, b"k", b"hello " * 50, (), None)
+    built = build_batch(
+        [record],
+        compression=2,
+        timestamp_type=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        add_identity_headers=False,
+    )
+    assert built[HEADER_SIZE:].startswith(b"\x82SNAPPY\x00")
+    plain = raw_batch([(0, b"k", b"hello " * 50, [])])
+    compressed = snappy_encode(plain[HEADER_SIZE:], xerial_compatible=False)
+    assert not compressed.startswith(b"\x82SNAPPY")
+    raw_snappy = with_header(
+        plain[:HEADER_SIZE] + compressed,
+        attributes=2,
+        length=HEADER_SIZE - 12 + len(compressed),
+    )
+    for data in (built, raw_snappy):
+        [batch] = read_batches(data)
+        assert batch.compression == 2
+        assert batch.records[0].value == b"hello " * 50
+
+
+def test_configurable_header_names() -> None:
+    names = IdentityHeaders(producer="app", sequence="n")
+    data = raw_batch([(0, None, b"v", [("app", b"me"), ("n", b"42")])])
+    assert read_batches(data, names)[0].records[0].identity == Identity("me", 42)
+    # The default names are ordinary headers then.
+    data = raw_batch([(0, None, b"v", explicit(b"me", b"42"))])
+    assert read_batches(data, names)[0].records[0].identity is None
+    rebuilt = build_batch(
+        [IncomingRecord(0, 1, None, b"v", (), Identity("kafka-pid-1-0", 7))],
+        compression=0,
+        timestamp_type=0,
+        producer_id=3,
+        producer_epoch=0,
+        base_sequence=0,
+        add_identity_headers=True,
+        headers=names,
+    )
+    assert read_batches(rebuilt, names)[0].records[0].headers == (
+        ("app", b"kafka-pid-1-0"),
+        ("n", b"7"),
+    )
+    with pytest.raises(ValueError):
+        IdentityHeaders(producer="x", sequence="x")
+
+
+# --------------------------------------------------------------------------- identity rules
+
+
+def test_implicit_sequence_wraps_as_kafka_does() -> None:
+    data = raw_batch(
+        [(i, None, b"v", []) for i in range(4)],
+        producer_id=9,
+        producer_epoch=3,
+        base_sequence=(1 << 31) - 2,
+    )
+    identities = [r.identity for r in read_batches(data)[0].records]
+    assert identities == [
+        Identity("kafka-pid-9-3", (1 << 31) - 2),
+        Identity("kafka-pid-9-3", (1 << 31) - 1),
+        Identity("kafka-pid-9-3", 0),
+        Identity("kafka-pid-9-3", 1),
+    ]
+
+
+def test_mixed_batch_explicit_wins_over_implicit() -> None:
+    data = raw_batch(
+        [(0, None, b"a", explicit(b"app", b"-5")), (1, None, b"b", [("x", None)])],
+        producer_id=4,
+        producer_epoch=0,
+        base_sequence=10,
+    )
+    records = read_batches(data)[0].records
+    assert records[0].identity == Identity("app", -5)
+    assert records[1].identity == Identity("kafka-pid-4-0", 11)
+
+
+def test_last_identity_header_counts() -> None:
+    headers = [*explicit(b"old", b"1"), *explicit(b"new", b"2")]
+    data = raw_batch([(0, None, b"v", headers)])
+    assert read_batches(data)[0].records[0].identity == Identity("new", 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        (b"0", 0),
+        (b"+5", 5),
+        (b"007", 7),
+        (b"-9223372036854775808", -(1 << 63)),
+        (b"9223372036854775807", (1 << 63) - 1),
+    ],
+)
+def test_sequence_text_accepted(text: bytes, value: int) -> None:
+    data = raw_batch([(0, None, b"v", explicit(b"p", text))])
+    assert read_batches(data)[0].records[0].identity == Identity("p", value)
+
+
+def test_no_identity_without_producer_id() -> None:
+    data = raw_batch([(0, None, b"v", [("other", b"1")])])
+    assert read_batches(data)[0].records[0].identity is None
+
+
+def test_transactional_batches_have_no_identity_and_are_not_checked() -> None:
+    data = raw_batch(
+        [(0, None, b"a", []), (1, None, b"b", explicit(b"", b"not a number"))],
+        transactional=True,
+        producer_id=5,
+        producer_epoch=1,
+        base_sequence=0,
+    )
+    [batch] = read_batches(data)
+    assert batch.transactional
+    assert batch.raw == data
+    assert [r.identity for r in batch.records] == [None, None]
+
+
+def test_from_log_reads_several_batches_and_skips_a_partial_tail() -> None:
+    first = raw_batch([(0, None, b"a", explicit(b"p", b"1"))], producer_id=7, producer_epoch=0)
+    first = with_header(first, base_sequence=0)
+    second = bytearray(
+        raw_batch([(0, None, b"b", [])], producer_id=7, producer_epoch=0, base_sequence=1)
+    )
+    second[0:8] = (1).to_bytes(8, "big")  # base offset 1 in the log (not under the CRC)
+    data = first + bytes(second) + bytes(second[:30])
+    batches = read_batches(data, from_log=True)
+    assert [b.base_offset for b in batches] == [0, 1]
+    # Identity comes from headers only in the log: the header's producer is the proxy's.
+    assert [b.records[0].identity for b in batches] == [Identity("p", 1), None]
+    # Malformed identity headers in the log: no identity, the replay goes on.
+    bad = raw_batch([(0, None, b"v", explicit(b"p", b"x"))])
+    assert read_batches(bad, from_log=True)[0].records[0].identity is None
+    # A compacted batch: gaps in offset deltas, fewer records than the offset range.
+    compacted = with_header(raw_batch([(0, None, b"a", []), (3, None, b"b", [])]), count=2)
+    [batch] = read_batches(compacted, from_log=True)
+    assert [r.offset_delta for r in batch.records] == [0, 3]
+    assert batch.last_offset_delta == 3
+
+
+# --------------------------------------------------------------------------- errors
+
+
+VALID = raw_batch(
+    [(0, b"k", b"v", []), (1, None, b"w", [])], producer_id=3, producer_epoch=0, base_sequence=0
+)
+
+INVALID = ErrorCode.invalid_record
+CORRUPT = ErrorCode.corrupt_message
+
+
+@pytest.mark.parametrize(
+    ("data", "code", "fragment"),
+    [
+        (b"", INVALID, "must have one record batch"),
+        (VALID + VALID, INVALID, "exactly one record batch"),
+        (VALID[:10], CORRUPT, "truncated"),
+        (VALID[:-1], CORRUPT, "truncated"),
+        (VALID + b"\x00" * 5, CORRUPT, "truncated"),
+        (VALID[:17], CORRUPT, "truncated"),
+        (with_header(VALID, length=20), CORRUPT, "fewer than a batch header"),
+        (VALID[:16] + b"\x00" + VALID[17:], INVALID, "magic 0"),
+        (VALID[:16] + b"\x01" + VALID[17:], INVALID, "magic 1"),
+        (VALID[:16] + b"\x03" + VALID[17:], CORRUPT, "invalid magic byte 3"),
+        (VALID[:16] + b"\xff" + VALID[17:], CORRUPT, "invalid magic byte -1"),
+        (VALID[:-1] + bytes([VALID[-1] ^ 1]), CORRUPT, "CRC32C"),
+        (with_header(VALID, attributes=5), ErrorCode.unsupported_compression_type, "id 5"),
+        (with_header(VALID, attributes=7), ErrorCode.unsupported_compression_type, "id 7"),
+        (with_header(VALID, count=0, last_offset_delta=-1), INVALID, "record count 0"),
+        (with_header(VALID, count=3, last_offset_delta=2), INVALID, "does not parse"),
+        (with_header(VALID, count=2, last_offset_delta=5), INVALID, "last offset delta 5"),
+        (with_header(VALID, attributes=0x20), INVALID, "control records"),
+        (with_header(VALID, base_sequence=-1), INVALID, "base sequence -1"),
+        (
+            with_header(raw_batch([(1, None, b"a", []), (1, None, b"b", [])]), last_offset_delta=1),
+            INVALID,
+            "record 0 has offset delta 1, expected 0",
+        ),
+        (with_header(VALID, attributes=3), INVALID, "lz4 payload does not decompress"),
+        (with_header(VALID, attributes=1), INVALID, "gzip payload does not decompress"),
+        (with_header(VALID, attributes=2), INVALID, "snappy payload does not decompress"),
+        (with_header(VALID, attributes=4), INVALID, "zstd payload does not decompress"),
+    ],
+)
+def test_bad_batches(data: bytes, code: ErrorCode, fragment: str) -> None:
+    error = error_of(data)
+    assert error.error_code == code
+    assert fragment in error.message, error.message
+
+
+@pytest.mark.parametrize(
+    ("headers", "fragment"),
+    [
+        (
+            [(HEADER_SEQUENCE, b"1")],
+            "record at offset delta 1 has dedup.sequence but no dedup.producer",
+        ),
+        (
+            [(HEADER_PRODUCER, b"p")],
+            "record at offset delta 1 has dedup.producer but no dedup.sequence",
+        ),
+        (explicit(None, b"1"), "null dedup.producer"),
+        (explicit(b"", b"1"), "empty dedup.producer"),
+        (explicit(b"\xff\xfe", b"1"), "not UTF-8: b'\\xff\\xfe'"),
+        (explicit(b"p", None), "null dedup.sequence"),
+        (explicit(b"p", b""), "not a decimal integer: b''"),
+        (explicit(b"p", b" 1"), "not a decimal integer: b' 1'"),
+        (explicit(b"p", b"1.0"), "not a decimal integer"),
+        (explicit(b"p", b"0x10"), "not a decimal integer"),
+        (explicit(b"p", b"1_000"), "not a decimal integer"),
+        (explicit(b"p", "\u0661".encode()), "not a decimal integer"),  # Arabic-Indic one
+        (explicit(b"p", b"9223372036854775808"), "outside the signed 64-bit range"),
+        (explicit(b"p", b"-9223372036854775809"), "outside the signed 64-bit range"),
+        (explicit(b"p", b"7" * 1000), "... (1000 bytes)"),
+    ],
+)
+def test_bad_identity_headers(headers: list[tuple[str, bytes | None]], fragment: str) -> None:
+    for compression in CODECS:
+        data = raw_batch(
+            [(0, None, b"fine", explicit(b"p", b"1")), (1, None, b"v", headers)],
+            compression=compression,
+            producer_id=8,
+            producer_epoch=0,
+            base_sequence=0,
+        )
+        error = error_of(data)
+        assert error.error_code == INVALID
+        assert fragment in error.message, error.message
+        assert len(error.message) < 200
+
+
+def test_bad_batch_is_an_exception_with_code_and_message() -> None:
+    error = error_of(b"")
+    assert isinstance(error, Exception)
+    assert int(error.error_code) == 87
+    assert "INVALID_RECORD" in str(error).upper()
+
+
+def test_build_refuses_programming_errors() -> None:
+    record = IncomingRecord(0, 1, None, b"v", (), None)
+    common: dict[str, Any] = dict(
+        timestamp_type=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        add_identity_headers=False,
+    )
+    with pytest.raises(ValueError):
+        build_batch([], compression=0, **common)
+    with pytest.raises(ValueError):
+        build_batch([record], compression=5, **common)
+    with pytest.raises(ValueError):
+        build_batch([record], compression=0, **{**common, "timestamp_type": 2})
+    with pytest.raises(ValueError, match="base sequence"):
+        build_batch([record], compression=0, **{**common, "producer_id": 1, "producer_epoch": 0})
+
+
+# --------------------------------------------------------------------------- fuzz
+
+
+def _only_bad_batch(data: bytes) -> None:
+    for from_log in (False, True):
+        try:
+            read_batches(data, from_log=from_log)
+        except BadBatch as error:
+            assert isinstance(error.error_code, ErrorCode)
+            assert error.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_random_bytes(data: bytes) -> None:
+    _only_bad_batch(data)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(min_size=HEADER_SIZE - 17, max_size=300), st.sampled_from(CODECS))
+def test_fuzz_random_payload_behind_a_valid_header(payload: bytes, codec: int) -> None:
+    """Random record bytes under a header whose lengths and CRC are right: the record
+    parser and the decompressors see garbage."""
+    data = with_header(
+        VALID[:HEADER_SIZE] + payload, length=HEADER_SIZE - 12 + len(payload), attributes=codec
+    )
+    _only_bad_batch(data)
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@settings(max_examples=60, deadline=None)
+@given(
+    items=st.lists(specs, min_size=1, max_size=5),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), min_size=1, max_size=4),
+    recompute_crc=st.booleans(),
+    cut=st.none() | st.integers(0, 10_000),
+)
+def test_fuzz_flipped_valid_batches(
+    codec: int,
+    items: list[Spec],
+    flips: list[tuple[int, int]],
+    recompute_crc: bool,
+    cut: int | None,
+) -> None:
+    data = bytearray(
+        build_batch(
+            client_records(items),
+            compression=codec,
+            timestamp_type=0,
+            producer_id=2,
+            producer_epoch=0,
+            base_sequence=0,
+            add_identity_headers=False,
+        )
+    )
+    for position, mask in flips:
+        data[position % len(data)] ^= mask
+    if recompute_crc:
+        data = bytearray(fix_crc(data))
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    _only_bad_batch(bytes(data))
+
+
+def test_default_headers() -> None:
+    assert IdentityHeaders(HEADER_PRODUCER, HEADER_SEQUENCE) == DEFAULT_HEADERS
+    assert (HEADER_PRODUCER, HEADER_SEQUENCE) == ("dedup.producer", "dedup.sequence")
