@@ -56,6 +56,21 @@ _PRODUCER_STATE_LOST = {
     ErrorCode.invalid_producer_epoch,
     ErrorCode.out_of_order_sequence_number,
 }
+# Answers to a RE-SENT batch that prove the first attempt is not in the log either: the
+# leader's sequence for this producer is not where it would be had the batch been written,
+# or the data itself is refused. Anything else (a stale leader, too few replicas) says
+# nothing about the first attempt, which may have reached the new leader before the old
+# one died: the retry goes on.
+_ABSENT = {
+    ErrorCode.out_of_order_sequence_number,
+    ErrorCode.unknown_producer_id,
+    ErrorCode.message_too_large,
+    ErrorCode.record_list_too_large,
+    ErrorCode.invalid_record,
+    ErrorCode.corrupt_message,
+    ErrorCode.invalid_topic_exception,
+    ErrorCode.topic_authorization_failed,
+}
 # Errors a client must never see from the proxy (fatal in librdkafka, or not retried).
 _HIDDEN_FROM_CLIENTS = {*_PRODUCER_STATE_LOST, ErrorCode.network_exception}
 
@@ -280,7 +295,7 @@ class IdempotentWriter:
             except (OSError, TimeoutError):
                 results = None
             outcome = results.get((batch.topic, batch.partition)) if results else None
-            if outcome is not None and outcome.error_code not in _AMBIGUOUS:
+            if outcome is not None and (outcome.written or outcome.error_code in _ABSENT):
                 if attempt > 1 or outcome.written:
                     log.info(
                         "ambiguous write resolved",

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from dedup.cli import policy_app, producers
 from deploy.cli import local_app
 from proxy.config import ConfigError, load_settings
 from proxy.logs import configure_logging
@@ -18,6 +19,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(local_app, name="local", help="The local Kafka + Redis the project runs on.")
+app.add_typer(policy_app, name="policy", help="Read and change dedup policies.")
+app.command("producers")(producers)
 
 
 @app.command()

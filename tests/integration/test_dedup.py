@@ -13,6 +13,7 @@ import itertools
 import json
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -101,7 +102,15 @@ def new_topic(bootstrap: str, config: dict[str, str] | None = None, partitions: 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic = NewTopic(name, num_partitions=partitions, replication_factor=-1, config=config or {})
     admin.create_topics([topic])[name].result(30)
-    return name
+    deadline = time.monotonic() + 30
+    while True:  # the broker learns of new partitions a moment after the controller
+        found = admin.list_topics(name, timeout=30).topics[name]
+        if len(found.partitions) == partitions and all(
+            p.leader >= 0 and p.error is None for p in found.partitions.values()
+        ):
+            return name
+        assert time.monotonic() < deadline, f"{name} has no leaders yet"
+        time.sleep(0.1)
 
 
 def send_all(producer: DedupProducer, topic: str, sequences: Sequence[int]) -> None:
@@ -550,3 +559,149 @@ def test_java_idempotent_verifiable_producer_through_cuts(
     assert relay.cuts > 0
     assert failed == [] and len(acked) == total, (len(failed), failed[:3])
     assert_exactly_once_in_order(values(local_env.bootstrap, topic), total)
+
+
+# ----------------------------------------------------------------------------- operations
+
+
+def test_idle_producers_are_purged(
+    local_env: EnvInfo, tmp_path: Any, redis_key_prefix: str
+) -> None:
+    proxy = ProxyProcess(
+        upstream=local_env.bootstrap,
+        listen_port=28992,
+        admin_port=28980,
+        extra_args=["--broker-port-base", "28993"],
+        env={
+            "DEDUP_PROXY_REDIS": local_env.redis,
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
+            "DEDUP_PROXY_PRODUCER_IDLE_TIMEOUT_S": "2",
+        },
+        log_path=tmp_path / "proxy.log",
+    ).start()
+    try:
+        topic = new_topic(local_env.bootstrap)
+        send_all(DedupProducer(proxy.bootstrap, "p-idle"), topic, [0, 1])
+        path = f"/v1/topics/{topic}/partitions/0/producers"
+        assert "p-idle" in admin_call(proxy, "GET", path)["producers"]
+        deadline = time.monotonic() + 20
+        while admin_call(proxy, "GET", path)["producers"]:
+            assert time.monotonic() < deadline, "the idle producer was never purged"
+            time.sleep(0.5)
+        assert "purged idle producers" in (tmp_path / "proxy.log").read_text()
+    finally:
+        assert proxy.stop() == 0
+
+
+def test_policy_and_producers_cli(dedup_proxy: ProxyProcess, local_env: EnvInfo) -> None:
+    cli = [sys.executable, "-m", "proxy"]
+    admin = ["--admin-url", dedup_proxy.admin_url]
+    topic = new_topic(local_env.bootstrap)
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [*cli, *args, *admin], capture_output=True, text=True, timeout=60, check=True
+        )
+        return done.stdout
+
+    try:
+        run("policy", "set", "topic", "require", topic)
+        policies = json.loads(run("policy", "show", "--json-output"))
+        assert policies["topics"][topic] == "require"
+        send_all(DedupProducer(dedup_proxy.bootstrap, "p-cli"), topic, [3, 4])
+        assert run("producers", topic, "--name", "p-cli").strip() == "4"
+        assert "p-cli" in json.loads(run("producers", topic, "--json-output"))["producers"]
+    finally:
+        run("policy", "clear", "topic", topic)
+    assert topic not in json.loads(run("policy", "show", "--json-output"))["topics"]
+    bad = subprocess.run(
+        [*cli, "policy", "set", "planet", "enabled", "x", *admin], capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "scope must be global, prefix or topic" in bad.stderr
+
+
+def _batch_bytes(identities: Sequence[tuple[bytes, bytes]]) -> bytes:
+    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
+    batch = io.BytesIO()
+    write_new_batch(
+        batch,
+        NewRecordBatch(
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+            base_sequence=i32(-1),
+            attributes=i16(0),
+            records=tuple(
+                Record(
+                    attributes=i8(0),
+                    timestamp=now,
+                    offset=i64(offset),
+                    key=None,
+                    value=b"v" + sequence,
+                    headers=(
+                        RecordHeader(key=b"dedup.producer", value=producer),
+                        RecordHeader(key=b"dedup.sequence", value=sequence),
+                    ),
+                )
+                for offset, (producer, sequence) in enumerate(identities)
+            ),
+        ),
+    )
+    return batch.getvalue()
+
+
+def _flip_last_byte(data: bytes) -> bytes:
+    return data[:-1] + bytes([data[-1] ^ 0xFF])
+
+
+BAD_PARTITION_BATCHES = {
+    "unparseable-sequence": (lambda: _batch_bytes([(b"p-bad", b"12x")]), 87, "dedup.sequence"),
+    "empty-producer": (lambda: _batch_bytes([(b"", b"1")]), 87, "dedup.producer"),
+    "crc-mismatch": (lambda: _flip_last_byte(_batch_bytes([(b"p-bad", b"1")])), 2, "CRC"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_PARTITION_BATCHES))
+def test_bad_input_refuses_only_that_partition(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo, kind: str
+) -> None:
+    topic = new_topic(local_env.bootstrap, partitions=2)
+    make_bad, code, words = BAD_PARTITION_BATCHES[kind]
+    before = _bad_input_count(dedup_proxy)
+    request = produce_v9.ProduceRequest(
+        transactional_id=None,
+        acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=(
+            produce_v9.TopicProduceData(
+                name=TopicName(topic),
+                partition_data=(
+                    produce_v9.PartitionProduceData(index=i32(0), records=Records(make_bad())),
+                    produce_v9.PartitionProduceData(
+                        index=i32(1), records=Records(_batch_bytes([(b"p-good", b"1")]))
+                    ),
+                ),
+            ),
+        ),
+    )
+    port = dedup_proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(encode_request(request, 1))
+        frame = _receive(sock, int.from_bytes(_receive(sock, 4), "big"))
+    answers = {
+        int(p.index): p
+        for p in decode_response_body(0, 9, frame, 5).responses[0].partition_responses
+    }
+    assert answers[0].error_code == code
+    assert words.lower() in (answers[0].error_message or "").lower(), answers[0].error_message
+    assert (answers[1].error_code, answers[1].base_offset) == (0, 0)
+    assert read_all(local_env.bootstrap, topic, partition=0) == []
+    assert [v for v, _ in read_all(local_env.bootstrap, topic, partition=1)] == [b"v1"]
+    assert _bad_input_count(dedup_proxy) == before + 1
+
+
+def _bad_input_count(proxy: ProxyProcess) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in proxy.metrics_text().splitlines()
+        if line.startswith("dedup_bad_input_total{")
+    )
