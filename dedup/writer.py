@@ -99,6 +99,7 @@ class _InFlight:
     sequence: int
     batch: bytes
     resolved: asyncio.Future[bool]  # True: written, False: definitely not written
+    previous: _InFlight | None  # the batch before it in the partition, while unresolved
 
 
 @dataclass(slots=True)
@@ -235,7 +236,8 @@ class IdempotentWriter:
         sequence = partition.next_sequence
         partition.next_sequence = (sequence + batch.record_count) % SEQUENCE_WRAP
         data = batch.build(partition.producer.producer_id, partition.producer.epoch, sequence)
-        entry = _InFlight(sequence, data, asyncio.get_running_loop().create_future())
+        previous = partition.in_flight[-1] if partition.in_flight else None
+        entry = _InFlight(sequence, data, asyncio.get_running_loop().create_future(), previous)
         partition.in_flight.append(entry)
         return entry
 
@@ -269,10 +271,8 @@ class IdempotentWriter:
         return outcome
 
     async def _predecessor_failed(self, partition: _Partition, entry: _InFlight) -> bool:
-        index = partition.in_flight.index(entry)
-        if index == 0:
-            return False
-        return not await partition.in_flight[index - 1].resolved
+        """Whether the batch sent just before this one (same partition) is not in the log."""
+        return entry.previous is not None and not await entry.previous.resolved
 
     async def _resolve_ambiguous(
         self, batch: BatchToWrite, partition: _Partition, entry: _InFlight
@@ -318,6 +318,7 @@ class IdempotentWriter:
     def _finish(self, partition: _Partition, entry: _InFlight, written: bool) -> None:
         if not entry.resolved.done():
             entry.resolved.set_result(written)
+        entry.previous = None  # resolved: the chain behind it is no longer needed
         partition.in_flight.remove(entry)
         if not written:
             partition.rewind_to = (
