@@ -31,6 +31,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
 
     async def last_sequence(request: web.Request) -> web.Response:
         topic, partition, name = _topic(request), _partition(request), request.match_info["name"]
+        await service.engine.flush_persisted()
         producers = await state.producers(topic, partition)
         found = producers.get(name)
         return web.json_response(
@@ -46,6 +47,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
 
     async def topic_last_sequence(request: web.Request) -> web.Response:
         topic, name = _topic(request), request.match_info["name"]
+        await service.engine.flush_persisted()
         per_partition = {
             partition: await state.last_sequence(topic, partition, name)
             for partition in await state.partitions(topic)
@@ -61,6 +63,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
 
     async def producers(request: web.Request) -> web.Response:
         topic, partition = _topic(request), _partition(request)
+        await service.engine.flush_persisted()
         tracked = await state.producers(topic, partition)
         return web.json_response(
             {

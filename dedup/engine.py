@@ -33,6 +33,7 @@ from redis.exceptions import RedisError
 
 from dedup import metrics
 from dedup.batches import BadBatch, IdentityHeaders, IncomingBatch, build_batch, read_batches
+from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicyStore
 from dedup.state import DedupState, PartitionCheck, Status
 from dedup.writer import BatchToWrite, IdempotentWriter, WriteResult, now_ms
@@ -104,6 +105,11 @@ class DedupEngine:
         self._headers = headers
         self._gates: dict[tuple[str, int], _PartitionGate] = {}
         self._resetting: set[asyncio.Task[None]] = set()
+        self._persisted = PersistedRecorder(state)
+
+    async def flush_persisted(self) -> None:
+        """Wait until every acknowledged sequence is recorded in Redis."""
+        await self._persisted.flush()
 
     def partitions(self) -> list[tuple[str, int]]:
         """The partitions this engine has written to since it started."""
@@ -297,13 +303,8 @@ class DedupEngine:
             else:
                 self._fail(item)
                 item.answer = PartitionAnswer(result.error_code, error_message=result.error_message)
-        if persisted:
-            try:
-                await self._state.mark_persisted(persisted, now_ms())
-            except RedisError as exc:
-                # Written but not recorded: a re-send reads as UNKNOWN (refused, retried)
-                # until persisted catches up; never as new. Recovery rebuilds it from the log.
-                log.error("could not record persisted sequences", error=str(exc))
+        for topic, partition, highest in persisted:
+            self._persisted.add(topic, partition, highest)
 
     # ------------------------------------------------------------- 5. settle
 
@@ -342,6 +343,7 @@ class DedupEngine:
         delay = 0.1
         while True:
             try:
+                await self._persisted.flush()  # persisted must be complete before the reset
                 await self._state.reset_pushed(topic, partition)
                 break
             except RedisError as exc:

@@ -59,6 +59,10 @@ class DedupService:
         self._purge_task = asyncio.create_task(self._purge_loop(), name="purge-idle-producers")
 
     async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.engine.flush_persisted(), 10)
+        except TimeoutError:
+            log.error("shutting down with acknowledged sequences not yet recorded in Redis")
         if self._purge_task is not None:
             self._purge_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

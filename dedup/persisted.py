@@ -1,0 +1,69 @@
+"""Recording what Kafka acknowledged (``persisted``) off the client's path.
+
+The client's answer does not wait for Redis: acknowledged sequences are queued, merged
+(the highest per producer) and written by one background flusher, so under load many
+requests share one round trip and the hot path keeps a single Redis round trip (the
+check). Until a flush lands, a re-send of an acknowledged record reads as UNKNOWN
+(refused, retried), never as new; every reader that needs the exact value (the reset
+after a failed write, the admin API, shutdown) calls `flush` first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import structlog
+from redis.exceptions import RedisError
+
+from dedup.state import DedupState
+from dedup.writer import now_ms
+
+log = structlog.get_logger(__name__)
+
+
+class PersistedRecorder:
+    def __init__(self, state: DedupState, retry_backoff_s: float = 0.1) -> None:
+        self._state = state
+        self._retry_backoff_s = retry_backoff_s
+        self._pending: dict[tuple[str, int], dict[str, int]] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def add(self, topic: str, partition: int, highest: Mapping[str, int]) -> None:
+        """Queue ``persisted[p] = max(persisted[p], s)`` for each producer of a write."""
+        if not highest:
+            return
+        self._merge({(topic, partition): dict(highest)})
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_all(), name="persisted-flusher")
+
+    async def flush(self) -> None:
+        """Return once everything added so far is in Redis."""
+        await self._idle.wait()
+
+    def _merge(self, updates: Mapping[tuple[str, int], Mapping[str, int]]) -> None:
+        self._idle.clear()
+        for key, highest in updates.items():
+            merged = self._pending.setdefault(key, {})
+            for producer, sequence in highest.items():
+                if sequence > merged.get(producer, sequence - 1):
+                    merged[producer] = sequence
+
+    async def _flush_all(self) -> None:
+        delay = self._retry_backoff_s
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            try:
+                await self._state.mark_persisted(
+                    [(topic, partition, h) for (topic, partition), h in batch.items()], now_ms()
+                )
+                delay = self._retry_backoff_s
+            except RedisError as exc:
+                # Never dropped: until it lands, re-sends are refused, not duplicated.
+                log.error("could not record persisted sequences; retrying", error=str(exc))
+                self._merge(batch)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self._idle.set()

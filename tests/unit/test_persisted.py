@@ -1,0 +1,63 @@
+"""Acknowledged sequences are recorded off the client's path: merged, never lost."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from dedup.persisted import PersistedRecorder
+
+pytestmark = pytest.mark.unit
+
+
+class FakeState:
+    """Records mark_persisted calls; the first one waits for a gate, one may fail."""
+
+    def __init__(self, fail_first: bool = False) -> None:
+        self.calls: list[list[tuple[str, int, dict[str, int]]]] = []
+        self.gate = asyncio.Event()
+        self.fail_first = fail_first
+
+    async def mark_persisted(
+        self, updates: Sequence[tuple[str, int, Mapping[str, int]]], now_ms: int
+    ) -> None:
+        await self.gate.wait()
+        if self.fail_first:
+            self.fail_first = False
+            raise RedisConnectionError("down")
+        self.calls.append([(t, p, dict(h)) for t, p, h in updates])
+
+
+def test_updates_queued_during_a_flush_share_the_next_round_trip() -> None:
+    async def scenario() -> list[Any]:
+        state = FakeState()
+        recorder = PersistedRecorder(state)  # type: ignore[arg-type]
+        recorder.add("t", 0, {"a": 1})
+        await asyncio.sleep(0)  # the flusher is now waiting on Redis
+        recorder.add("t", 0, {"a": 5, "b": 2})
+        recorder.add("t", 0, {"a": 3})
+        recorder.add("t", 1, {"a": 9})
+        state.gate.set()
+        await recorder.flush()
+        return state.calls
+
+    assert asyncio.run(scenario()) == [
+        [("t", 0, {"a": 1})],
+        [("t", 0, {"a": 5, "b": 2}), ("t", 1, {"a": 9})],
+    ]
+
+
+def test_a_failed_flush_is_retried_not_dropped() -> None:
+    async def scenario() -> list[Any]:
+        state = FakeState(fail_first=True)
+        recorder = PersistedRecorder(state, retry_backoff_s=0.001)  # type: ignore[arg-type]
+        recorder.add("t", 0, {"a": 4})
+        state.gate.set()
+        await asyncio.wait_for(recorder.flush(), 5)
+        return state.calls
+
+    assert asyncio.run(scenario()) == [[("t", 0, {"a": 4})]]
