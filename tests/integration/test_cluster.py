@@ -6,20 +6,19 @@ other tests share is left alone; it is stopped again at the end to give back its
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from deploy import paths
 from deploy.config import Ports
 from deploy.local import EnvInfo, LocalEnvironment
 from proxy.launcher import ProxyProcess
+from tests.integration.load import BackgroundProducer
 from tests.integration.test_clients import consume_confluent
 
 pytestmark = pytest.mark.integration
@@ -69,41 +68,14 @@ def test_leader_killed_under_load_clients_follow_through_the_proxy(
     ).start()
     try:
         assert listeners(proxy) == {0, 1, 2}
-        total, errors, delivered = 4000, [], [0]
-        producer = Producer(
-            {
-                "bootstrap.servers": proxy.bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 2,
-                "message.timeout.ms": 180_000,
-            }
-        )
-
-        def on_delivery(err: KafkaError | None, _message: object) -> None:
-            if err is not None:
-                errors.append(err)
-            else:
-                delivered[0] += 1
-
-        def produce_all() -> None:
-            for index in range(total):
-                producer.produce(topic, str(index).encode(), on_delivery=on_delivery)
-                producer.poll(0)
-                time.sleep(0.001)
-            producer.flush(180)
-
-        sender = threading.Thread(target=produce_all)
-        sender.start()
-        wait_until(lambda: delivered[0] >= 500, 60, "500 records are acknowledged")
+        total = 4000
+        producer = BackgroundProducer(proxy.bootstrap, topic, total).start()
+        producer.wait_delivered(500)
         environment.kill_broker(leader)
         wait_until(lambda: leader not in listeners(proxy), 60, "the dead broker's listener closes")
         environment.start_broker(leader)
         wait_until(lambda: leader in listeners(proxy), 60, "the listener comes back")
-        sender.join(240)
-        assert not sender.is_alive()
-        assert errors == []
-        assert delivered[0] == total
+        producer.join()
         values = [m.value() for m in consume_confluent(proxy.bootstrap, topic, total)]
         assert values == [str(i).encode() for i in range(total)]
     finally:

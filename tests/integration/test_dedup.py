@@ -7,8 +7,6 @@ order, not just counts.
 from __future__ import annotations
 
 import asyncio
-import datetime
-import io
 import itertools
 import json
 import socket
@@ -33,10 +31,6 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
 )
-from kio.records.schema import NewRecordBatch, Record, RecordHeader
-from kio.records.writers import write_new_batch
-from kio.schema.types import TopicName
-from kio.static.primitive import Records, TZAwareMicros, i8, i16, i32, i32Timedelta, i64
 
 from dedup.client import DedupProducer
 from dedup.state import DedupState, PartitionCheck
@@ -44,6 +38,12 @@ from deploy.local import EnvInfo, java_tool_command
 from proxy.launcher import ProxyProcess
 from proxy.schemas import decode_response_body
 from proxy.upstream_client import encode_request
+from tests.integration.raw_requests import (
+    explicit_batch,
+    identity_batch,
+    produce_request,
+    record_batch,
+)
 from tests.integration.relay import Relay
 
 pytestmark = pytest.mark.integration
@@ -127,49 +127,10 @@ def send_all(producer: DedupProducer, topic: str, sequences: Sequence[int]) -> N
 
 
 def explicit_request(
-    topic: str, identities: Sequence[tuple[str, int]], acks: int = -1, value_size: int = 0
+    topic: str, identities: Sequence[tuple[str, int]], value_size: int = 0
 ) -> produce_v9.ProduceRequest:
     """A raw Produce request: one batch whose records carry the given identities."""
-    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
-    batch = io.BytesIO()
-    write_new_batch(
-        batch,
-        NewRecordBatch(
-            producer_id=i64(-1),
-            producer_epoch=i16(-1),
-            base_sequence=i32(-1),
-            attributes=i16(0),
-            records=tuple(
-                Record(
-                    attributes=i8(0),
-                    timestamp=now,
-                    offset=i64(offset),
-                    key=None,
-                    value=(f"v{sequence}".encode() + b"x" * value_size),
-                    headers=(
-                        RecordHeader(key=b"dedup.producer", value=producer.encode()),
-                        RecordHeader(key=b"dedup.sequence", value=str(sequence).encode()),
-                    ),
-                )
-                for offset, (producer, sequence) in enumerate(identities)
-            ),
-        ),
-    )
-    return produce_v9.ProduceRequest(
-        transactional_id=None,
-        acks=i16(acks),
-        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topic_data=(
-            produce_v9.TopicProduceData(
-                name=TopicName(topic),
-                partition_data=(
-                    produce_v9.PartitionProduceData(
-                        index=i32(0), records=Records(batch.getvalue())
-                    ),
-                ),
-            ),
-        ),
-    )
+    return produce_request(topic, {0: explicit_batch(identities, value_size)})
 
 
 def produce_raw(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any:
@@ -337,7 +298,7 @@ def test_policy_priority_require_and_disable_clears(
         time.sleep(1.5)
         anonymous = produce_raw(
             dedup_proxy,
-            _strip_identity(explicit_request(by_topic, [("x", 1)])),
+            produce_request(by_topic, {0: record_batch([(b"anon", [])])}),
         )
         assert anonymous.error_code == 87  # INVALID_RECORD
         assert "requires a dedup identity" in (anonymous.error_message or "")
@@ -356,38 +317,6 @@ def test_policy_priority_require_and_disable_clears(
         admin_call(dedup_proxy, "DELETE", f"/v1/policies/prefixes/{prefix}")
         admin_call(dedup_proxy, "DELETE", f"/v1/policies/topics/{by_topic}")
         time.sleep(1.5)
-
-
-def _strip_identity(request: produce_v9.ProduceRequest) -> produce_v9.ProduceRequest:
-    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
-    batch = io.BytesIO()
-    write_new_batch(
-        batch,
-        NewRecordBatch(
-            producer_id=i64(-1),
-            producer_epoch=i16(-1),
-            base_sequence=i32(-1),
-            attributes=i16(0),
-            records=(
-                Record(
-                    attributes=i8(0),
-                    timestamp=now,
-                    offset=i64(0),
-                    key=None,
-                    value=b"anon",
-                    headers=(),
-                ),
-            ),
-        ),
-    )
-    topic = request.topic_data[0]
-    part = produce_v9.PartitionProduceData(index=i32(0), records=Records(batch.getvalue()))
-    return produce_v9.ProduceRequest(
-        transactional_id=None,
-        acks=request.acks,
-        timeout=request.timeout,
-        topic_data=(produce_v9.TopicProduceData(name=topic.name, partition_data=(part,)),),
-    )
 
 
 def test_unique_producer_names(dedup_proxy: ProxyProcess) -> None:
@@ -620,43 +549,14 @@ def test_policy_and_producers_cli(dedup_proxy: ProxyProcess, local_env: EnvInfo)
     assert bad.returncode != 0 and "scope must be global, prefix or topic" in bad.stderr
 
 
-def _batch_bytes(identities: Sequence[tuple[bytes, bytes]]) -> bytes:
-    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
-    batch = io.BytesIO()
-    write_new_batch(
-        batch,
-        NewRecordBatch(
-            producer_id=i64(-1),
-            producer_epoch=i16(-1),
-            base_sequence=i32(-1),
-            attributes=i16(0),
-            records=tuple(
-                Record(
-                    attributes=i8(0),
-                    timestamp=now,
-                    offset=i64(offset),
-                    key=None,
-                    value=b"v" + sequence,
-                    headers=(
-                        RecordHeader(key=b"dedup.producer", value=producer),
-                        RecordHeader(key=b"dedup.sequence", value=sequence),
-                    ),
-                )
-                for offset, (producer, sequence) in enumerate(identities)
-            ),
-        ),
-    )
-    return batch.getvalue()
-
-
 def _flip_last_byte(data: bytes) -> bytes:
     return data[:-1] + bytes([data[-1] ^ 0xFF])
 
 
 BAD_PARTITION_BATCHES = {
-    "unparseable-sequence": (lambda: _batch_bytes([(b"p-bad", b"12x")]), 87, "dedup.sequence"),
-    "empty-producer": (lambda: _batch_bytes([(b"", b"1")]), 87, "dedup.producer"),
-    "crc-mismatch": (lambda: _flip_last_byte(_batch_bytes([(b"p-bad", b"1")])), 2, "CRC"),
+    "unparseable-sequence": (lambda: identity_batch([(b"p-bad", b"12x")]), 87, "dedup.sequence"),
+    "empty-producer": (lambda: identity_batch([(b"", b"1")]), 87, "dedup.producer"),
+    "crc-mismatch": (lambda: _flip_last_byte(identity_batch([(b"p-bad", b"1")])), 2, "CRC"),
 }
 
 
@@ -667,22 +567,7 @@ def test_bad_input_refuses_only_that_partition(
     topic = new_topic(local_env.bootstrap, partitions=2)
     make_bad, code, words = BAD_PARTITION_BATCHES[kind]
     before = _bad_input_count(dedup_proxy)
-    request = produce_v9.ProduceRequest(
-        transactional_id=None,
-        acks=i16(-1),
-        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topic_data=(
-            produce_v9.TopicProduceData(
-                name=TopicName(topic),
-                partition_data=(
-                    produce_v9.PartitionProduceData(index=i32(0), records=Records(make_bad())),
-                    produce_v9.PartitionProduceData(
-                        index=i32(1), records=Records(_batch_bytes([(b"p-good", b"1")]))
-                    ),
-                ),
-            ),
-        ),
-    )
+    request = produce_request(topic, {0: make_bad(), 1: identity_batch([(b"p-good", b"1")])})
     port = dedup_proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(encode_request(request, 1))

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import kio.schema.fetch.v12.request as fetch_v12
 import pytest
-from confluent_kafka import KafkaError, Producer
 from kio.schema.types import TopicName
 from kio.static.primitive import i32, i32Timedelta, i64
 
 from deploy.local import EnvInfo, LocalEnvironment
 from proxy.launcher import ProxyProcess
 from proxy.upstream_client import encode_request
+from tests.integration.load import BackgroundProducer
 from tests.integration.test_clients import consume_confluent
 from tests.integration.test_protocol import correlation_id, read_response
 
@@ -31,46 +31,13 @@ def test_broker_restart_under_load_clients_recover_through_the_proxy(
     proxy_log: Path,
 ) -> None:
     total = 3000
-    errors: list[KafkaError] = []
-    delivered = 0
-    producer = Producer(
-        {
-            "bootstrap.servers": proxy.bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 2,
-            "message.timeout.ms": 180_000,
-        }
-    )
-
-    def on_delivery(err: KafkaError | None, _message: object) -> None:
-        nonlocal delivered
-        if err is not None:
-            errors.append(err)
-        else:
-            delivered += 1
-
-    def produce_all() -> None:
-        for index in range(total):
-            producer.produce(topic, str(index).encode(), on_delivery=on_delivery)
-            producer.poll(0)
-            time.sleep(0.001)
-        producer.flush(180)
-
-    sender = threading.Thread(target=produce_all)
-    sender.start()
-    deadline = time.monotonic() + 60
-    while delivered < 500 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert delivered >= 500, "the producer never got going through the proxy"
+    producer = BackgroundProducer(proxy.bootstrap, topic, total).start()
+    producer.wait_delivered(500)
     (node_id,) = local_env.brokers
     local_environment.kill_broker(node_id)
     time.sleep(3)
     local_environment.start_broker(node_id)
-    sender.join(240)
-    assert not sender.is_alive()
-    assert errors == []
-    assert delivered == total
+    producer.join()
     values = [m.value() for m in consume_confluent(proxy.bootstrap, topic, total)]
     assert values == [str(i).encode() for i in range(total)]
     assert "upstream connection ended" in proxy_log.read_text()

@@ -6,8 +6,6 @@ which forwards to the real local Kafka.
 
 from __future__ import annotations
 
-import datetime
-import io
 import socket
 import time
 import urllib.request
@@ -17,21 +15,17 @@ from pathlib import Path
 
 import kio.schema.api_versions.v3.request as api_versions_v3
 import kio.schema.metadata.v12.request as metadata_v12
-import kio.schema.produce.v9.request as produce_v9
 import pytest
 from confluent_kafka import Consumer, Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kio.records.schema import NewRecordBatch, Record
-from kio.records.writers import write_new_batch
-from kio.schema.types import TopicName
-from kio.static.primitive import TZAwareMicros, i8, i16, i32, i32Timedelta, i64
 
 from deploy.local import EnvInfo
 from proxy.launcher import ProxyProcess
 from proxy.schemas import DECODABLE_VERSIONS, response_header_is_flexible
 from proxy.upstream_client import encode_request
 from tests.integration.conftest import TEST_MAX_FRAME_BYTES
+from tests.integration.raw_requests import produce_request, record_batch
 
 pytestmark = pytest.mark.integration
 
@@ -95,44 +89,6 @@ def test_pipelined_requests_are_answered_in_request_order(proxy: ProxyProcess) -
     assert answered == list(range(1000, 1060))
 
 
-def produce_request(topic: str, acks: int, values: list[bytes]) -> produce_v9.ProduceRequest:
-    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
-    batch = io.BytesIO()
-    write_new_batch(
-        batch,
-        NewRecordBatch(
-            producer_id=i64(-1),
-            producer_epoch=i16(-1),
-            base_sequence=i32(-1),
-            attributes=i16(0),
-            records=tuple(
-                Record(
-                    attributes=i8(0),
-                    timestamp=now,
-                    offset=i64(offset),
-                    key=None,
-                    value=value,
-                    headers=(),
-                )
-                for offset, value in enumerate(values)
-            ),
-        ),
-    )
-    return produce_v9.ProduceRequest(
-        transactional_id=None,
-        acks=i16(acks),
-        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topic_data=(
-            produce_v9.TopicProduceData(
-                name=TopicName(topic),
-                partition_data=(
-                    produce_v9.PartitionProduceData(index=i32(0), records=batch.getvalue()),
-                ),
-            ),
-        ),
-    )
-
-
 def read_topic(bootstrap: str, topic: str, count: int) -> list[bytes]:
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "reader", "auto.offset.reset": "earliest"}
@@ -151,10 +107,14 @@ def test_acks_zero_produce_gets_no_answer_and_is_written(
 ) -> None:
     with raw_connection(proxy) as sock:
         # Kafka sends nothing back for acks=0; the next answer must be the Metadata one.
-        sock.sendall(encode_request(produce_request(topic, 0, [b"fire", b"forget"]), 1))
+        sock.sendall(
+            encode_request(
+                produce_request(topic, {0: record_batch([(b"fire", []), (b"forget", [])])}, 0), 1
+            )
+        )
         sock.sendall(encode_request(metadata_request(), 2))
         assert correlation_id(read_response(sock)) == 2
-        sock.sendall(encode_request(produce_request(topic, -1, [b"acked"]), 3))
+        sock.sendall(encode_request(produce_request(topic, {0: record_batch([(b"acked", [])])}), 3))
         assert correlation_id(read_response(sock)) == 3
     assert read_topic(local_env.bootstrap, topic, 3) == [b"fire", b"forget", b"acked"]
 
