@@ -1,15 +1,19 @@
-"""Pass-through cost of the proxy: the same producers, direct to Kafka and through the proxy.
+"""What the proxy costs a producer: the same producers direct to Kafka, through the proxy as
+a pure pass-through (``--no-dedup``), and through the proxy with dedup on.
 
     .venv/bin/python -m benchmarks.passthrough [--quick] [--out DIR]
 
 Throughput: for each case (record size x producer processes) the same workload runs
-direct, proxy, direct, proxy... for R rounds, so machine noise hits both targets alike;
-the summary is the median per target and the ratio proxy/direct. Latency: one producer
-sends one record at a time (linger.ms=0) and waits for its delivery report, again
-interleaved by rounds. Results go to benchmarks/results/<timestamp>/ (or --out): a CSV,
-a PNG and the proxy's log. Timing targets are informational: the exit code is 0 whatever
-the figures (the machine is shared and noisy); it is non-zero only when the benchmark
-itself could not run.
+direct, pass-through, dedup, direct, pass-through, dedup... for R rounds, so machine noise
+hits every target alike; the summary is the median per target and its ratio to direct.
+Every record carries the dedup identity headers (``dedup.producer``, ``dedup.sequence``),
+whatever the target, so the three see the same bytes. Latency: one producer sends one
+record at a time (linger.ms=0) and waits for its delivery report, again interleaved by
+rounds. Per measurement the topic's end offsets must have grown by exactly the records
+sent; for the dedup target the Redis EVALSHA calls per Produce request are counted.
+Results go to benchmarks/results/<timestamp>/ (or --out): a CSV, a PNG and both proxies'
+logs. Timing targets are informational: the exit code is 0 whatever the figures (the
+machine is shared and noisy); it is non-zero only when the benchmark itself could not run.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from multiprocessing.context import SpawnContext, SpawnProcess
@@ -39,14 +43,32 @@ from typing import Any
 MB = 1_000_000  # throughput is reported in decimal megabytes of record payload per second
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
-# Targets the summary checks (informational only).
-TARGET_THROUGHPUT_RATIO = 0.90
+# The three targets, in the order each round runs them.
+DIRECT, PASSTHROUGH, DEDUP = "direct", "passthrough", "dedup"
+TARGETS = (DIRECT, PASSTHROUGH, DEDUP)
+PROXY_TARGETS = (PASSTHROUGH, DEDUP)
+LABELS = {
+    DIRECT: "direct to Kafka",
+    PASSTHROUGH: "proxy, pass-through (--no-dedup)",
+    DEDUP: "proxy, dedup on",
+}
+SHORT = {DIRECT: "direct", PASSTHROUGH: "pass-through", DEDUP: "dedup"}
+
+# Targets the summary checks (informational only): throughput as a fraction of direct,
+# by target and record size, and the added median latency of the pass-through.
+TARGET_THROUGHPUT_RATIO = {PASSTHROUGH: {1000: 0.90, 100: 0.90}, DEDUP: {1000: 0.70, 100: 0.50}}
 TARGET_ADDED_P50_MS = 1.0
 
-# Ports of the benchmark's own proxy, away from the defaults (29092/29080) other proxies use.
-DEFAULT_LISTEN_PORT = 27492
-DEFAULT_ADMIN_PORT = 27480
-DEFAULT_BROKER_PORT_BASE = 27493
+# Ports of the benchmark's own proxies, away from the defaults (29092/29080) other proxies
+# use and below Linux's ephemeral range (32768-60999), so no outgoing connection holds them.
+DEFAULT_PORTS = {
+    PASSTHROUGH: (27492, 27480, 27493),  # listen, admin, broker port base
+    DEDUP: (27592, 27580, 27593),
+}
+
+# The identity headers every record carries (the proxy's defaults).
+PRODUCER_HEADER = "dedup.producer"
+SEQUENCE_HEADER = "dedup.sequence"
 
 RECORD_SIZES = (1000, 100)
 PRODUCER_COUNTS = (1, 4)
@@ -65,7 +87,7 @@ WARMUP_PASS_BYTES = 100 * MB  # one unrecorded 1000 B measurement per target fir
 MEASUREMENT_TIMEOUT_S = 180.0
 PORT_WAIT_S = 75.0
 
-# Settings shared by every producer, direct or through the proxy.
+# Settings shared by every producer, whatever the target.
 THROUGHPUT_PRODUCER_SETTINGS: dict[str, Any] = {
     "acks": "all",
     "enable.idempotence": False,
@@ -81,8 +103,6 @@ LATENCY_PRODUCER_SETTINGS: dict[str, Any] = {
     "linger.ms": 0,
     "compression.type": "none",
 }
-
-TARGETS = ("direct", "proxy")
 
 
 # ----------------------------------------------------------------------------- model
@@ -126,9 +146,9 @@ class Row:
     record_bytes: int
     producers: int
     partitions: int
-    target: str  # direct | proxy
+    target: str  # direct | passthrough | dedup
     round: str
-    records: int = 0
+    records: int = 0  # measured records (warm-up not included)
     bytes: int = 0
     seconds: float | None = None
     mb_per_s: float | None = None
@@ -137,13 +157,28 @@ class Row:
     p99_ms: float | None = None
     ratio_vs_direct: float | None = None
     added_p50_ms: float | None = None
+    warmup_records: int = 0
+    landed_records: int | None = None  # growth of the topic's end offsets (incl. warm-up)
+    missing_records: int | None = None  # sent (incl. warm-up) - landed: must be 0
     proxy_cpu_s: float | None = None  # CPU the proxy used for the whole measurement
     proxy_mb_per_cpu_s: float | None = None  # payload relayed (incl. warm-up) per CPU second
-    errors: int = 0
+    produce_requests: int | None = None  # Produce requests the proxy received (incl. warm-up)
+    redis_evalsha: int | None = None  # EVALSHA calls Redis ran meanwhile
+    redis_evalsha_usec: int | None = None  # Redis' own time in those calls
+    redis_commands: int | None = None  # all Redis commands meanwhile (the benchmark's INFO not)
+    evalsha_per_request: float | None = None
+    checked_not_dup: int | None = None  # dedup_records_total by verdict, during the measurement
+    checked_dup: int | None = None
+    checked_unknown: int | None = None
+    errors: int = 0  # failed deliveries
     note: str = ""
 
 
 CSV_COLUMNS = [f.name for f in fields(Row)]
+
+
+def throughput_target(target: str, record_bytes: int) -> float:
+    return TARGET_THROUGHPUT_RATIO[target][record_bytes]
 
 
 # ----------------------------------------------------------------------------- workers
@@ -160,6 +195,7 @@ def _throughput_worker(
     bootstrap: str,
     topic: str,
     partition: int,
+    producer_name: str,
     record_bytes: int,
     records: int,
     warmup: int,
@@ -186,25 +222,29 @@ def _throughput_worker(
         )
         payload = os.urandom(record_bytes)
 
-        def send(count: int) -> None:
+        def send(first_sequence: int, count: int) -> None:
+            # Sequences run on from the warm-up into the measurement: one producer identity
+            # per process and measurement, sequences 0, 1, 2, ... with no gap or repeat.
             produce = producer.produce
-            for i in range(count):
+            for sequence in range(first_sequence, first_sequence + count):
+                headers = {PRODUCER_HEADER: producer_name, SEQUENCE_HEADER: str(sequence)}
                 while True:
                     try:
-                        produce(topic, payload, partition=partition)
+                        produce(topic, payload, partition=partition, headers=headers)
                         break
                     except BufferError:
                         producer.poll(0.005)
-                if i % 20_000 == 0:
+                if sequence % 20_000 == 0:
                     producer.poll(0)
 
-        send(warmup)
+        send(0, warmup)
         if producer.flush(MEASUREMENT_TIMEOUT_S) > 0:
             raise RuntimeError("warm-up records not delivered in time")
+        warmup_failures = len(failures)
         failures.clear()
         barrier.wait(MEASUREMENT_TIMEOUT_S)
         start = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes
-        send(records)
+        send(warmup, records)
         undelivered = producer.flush(MEASUREMENT_TIMEOUT_S)
         end = time.monotonic()
         results.put(
@@ -214,6 +254,7 @@ def _throughput_worker(
                 "end": end,
                 "records": records,
                 "errors": len(failures) + undelivered,
+                "warmup_errors": warmup_failures,
                 "error": failures[0] if failures else "",
             }
         )
@@ -224,7 +265,13 @@ def _throughput_worker(
 
 
 def _latency_worker(
-    bootstrap: str, topic: str, record_bytes: int, records: int, warmup: int, results: Any
+    bootstrap: str,
+    topic: str,
+    producer_name: str,
+    record_bytes: int,
+    records: int,
+    warmup: int,
+    results: Any,
 ) -> None:
     _worker_setup()
     try:
@@ -249,8 +296,9 @@ def _latency_worker(
         first_error = ""
         for i in range(warmup + records):
             state.clear()
+            headers = {PRODUCER_HEADER: producer_name, SEQUENCE_HEADER: str(i)}
             sent = time.perf_counter()
-            producer.produce(topic, payload, partition=0, on_delivery=on_delivery)
+            producer.produce(topic, payload, partition=0, headers=headers, on_delivery=on_delivery)
             deadline = sent + 30.0
             while "done" not in state:
                 producer.poll(1.0)
@@ -320,7 +368,9 @@ class WorkerPool:
         self._alive.clear()
 
 
-def measure_throughput(pool: WorkerPool, bootstrap: str, topic: str, case: Case) -> Row:
+def measure_throughput(
+    pool: WorkerPool, bootstrap: str, topic: str, case: Case, producer_prefix: str
+) -> Row:
     ctx = pool.ctx
     barrier = ctx.Barrier(case.producers)
     results = ctx.Queue()
@@ -332,6 +382,7 @@ def measure_throughput(pool: WorkerPool, bootstrap: str, topic: str, case: Case)
                 bootstrap,
                 topic,
                 index,
+                f"{producer_prefix}-p{index}",
                 case.record_bytes,
                 case.records_per_producer,
                 case.warmup_per_producer,
@@ -352,6 +403,9 @@ def measure_throughput(pool: WorkerPool, bootstrap: str, topic: str, case: Case)
     records = sum(a["records"] for a in answers)
     errors = sum(a["errors"] for a in answers)
     note = next((a["error"] for a in answers if a["error"]), "")
+    warmup_errors = sum(a["warmup_errors"] for a in answers)
+    if warmup_errors:
+        note = f"{warmup_errors} warm-up deliveries failed; {note}".rstrip("; ")
     size = records * case.record_bytes
     return Row(
         kind="throughput",
@@ -366,16 +420,25 @@ def measure_throughput(pool: WorkerPool, bootstrap: str, topic: str, case: Case)
         seconds=seconds,
         mb_per_s=size / MB / seconds,
         records_per_s=records / seconds,
+        warmup_records=case.warmup_per_producer * case.producers,
         errors=errors,
         note=note,
     )
 
 
 def measure_latency(
-    pool: WorkerPool, bootstrap: str, topic: str, record_bytes: int, records: int
+    pool: WorkerPool,
+    bootstrap: str,
+    topic: str,
+    producer_name: str,
+    record_bytes: int,
+    records: int,
 ) -> tuple[list[float], int, str]:
     results = pool.ctx.Queue()
-    pool.start(_latency_worker, (bootstrap, topic, record_bytes, records, LATENCY_WARMUP, results))
+    pool.start(
+        _latency_worker,
+        (bootstrap, topic, producer_name, record_bytes, records, LATENCY_WARMUP, results),
+    )
     try:
         (answer,) = pool.collect(results, 1, MEASUREMENT_TIMEOUT_S)
     except BaseException:
@@ -439,12 +502,21 @@ class Topics:
         raise BenchmarkError(f"topic {topic} has no leaders after 30 s")
 
     def end_offsets(self, topic: str, partitions: int) -> int:
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
         request = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
-        futures = self.admin.list_offsets(request, request_timeout=30)
-        return sum(f.result(60).offset for f in futures.values())
+        deadline = time.monotonic() + 30
+        while True:
+            futures = self.admin.list_offsets(request, request_timeout=30)
+            try:
+                return sum(f.result(60).offset for f in futures.values())
+            except KafkaException:
+                # Right after creation a partition's leader epoch may not have reached every
+                # broker's metadata yet (UNKNOWN_LEADER_EPOCH and the like): ask again.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def delete(self, topic: str) -> None:
         with contextlib.suppress(Exception):
@@ -455,6 +527,9 @@ class Topics:
     def delete_all(self) -> None:
         for topic in list(self.created):
             self.delete(topic)
+
+
+# ----------------------------------------------------------------------------- probes
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -468,6 +543,157 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text: sample name with its labels (as printed) -> value."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            samples[name] = float(value)
+    return samples
+
+
+PRODUCE_REQUESTS = 'dedup_proxy_requests_total{api="produce"}'
+PRODUCE_REQUEST_BYTES = 'dedup_proxy_bytes_total{api="produce",direction="request"}'
+VERDICTS = ("not_dup", "dup", "unknown")
+
+
+def verdict_metric(verdict: str) -> str:
+    return f'dedup_records_total{{verdict="{verdict}"}}'
+
+
+class RedisStats:
+    """Commands Redis ran, from INFO commandstats (cumulative since Redis started)."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=10)
+        self.client.ping()
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        """command -> (calls, usec)."""
+        stats = self.client.info("commandstats")
+        return {
+            name.removeprefix("cmdstat_"): (int(v.get("calls", 0)), int(v.get("usec", 0)))
+            for name, v in stats.items()
+        }
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every key under `prefix:` (the benchmark's dedup state and policies)."""
+        removed = 0
+        batch: list[bytes] = []
+        for key in self.client.scan_iter(match=f"{prefix}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                removed += int(self.client.delete(*batch))
+                batch.clear()
+        if batch:
+            removed += int(self.client.delete(*batch))
+        return removed
+
+
+@dataclass
+class ProxyTarget:
+    """One of the benchmark's proxies and what it relayed."""
+
+    target: str
+    process: Any  # proxy.launcher.ProxyProcess
+    key_prefix: str
+    ports: tuple[int, int, int]
+    relayed_payload_bytes: int = 0
+
+
+@dataclass
+class Snapshot:
+    offsets: int
+    cpu_s: float = 0.0
+    metrics: dict[str, float] | None = None
+    redis: dict[str, tuple[int, int]] | None = None
+
+
+def take_snapshot(
+    topics: Topics,
+    topic: str,
+    partitions: int,
+    proxy: ProxyTarget | None,
+    redis_stats: RedisStats | None,
+) -> Snapshot:
+    snap = Snapshot(topics.end_offsets(topic, partitions))
+    if proxy is not None:
+        snap.cpu_s = process_cpu_seconds(proxy.process.pid)
+        snap.metrics = parse_metrics(proxy.process.metrics_text())
+        if redis_stats is not None:
+            snap.redis = redis_stats.snapshot()
+    return snap
+
+
+def record_deltas(row: Row, before: Snapshot, after: Snapshot, proxy: ProxyTarget | None) -> None:
+    """Fill the row's per-measurement checks from the snapshots around it."""
+    row.landed_records = after.offsets - before.offsets
+    row.missing_records = row.records + row.warmup_records - row.landed_records
+    if proxy is None or before.metrics is None or after.metrics is None:
+        return
+    relayed = row.bytes + row.warmup_records * row.record_bytes
+    row.proxy_cpu_s = after.cpu_s - before.cpu_s
+    if row.proxy_cpu_s > 0:
+        row.proxy_mb_per_cpu_s = relayed / MB / row.proxy_cpu_s
+
+    metrics_before, metrics_after = before.metrics, after.metrics
+
+    def delta(name: str) -> int:
+        return round(metrics_after.get(name, 0.0) - metrics_before.get(name, 0.0))
+
+    row.produce_requests = delta(PRODUCE_REQUESTS)
+    if proxy.target == DEDUP:
+        row.checked_not_dup = delta(verdict_metric("not_dup"))
+        row.checked_dup = delta(verdict_metric("dup"))
+        row.checked_unknown = delta(verdict_metric("unknown"))
+    if before.redis is not None and after.redis is not None:
+        calls = {
+            name: after.redis[name][0] - before.redis.get(name, (0, 0))[0] for name in after.redis
+        }
+        row.redis_evalsha = calls.get("evalsha", 0)
+        row.redis_evalsha_usec = (
+            after.redis.get("evalsha", (0, 0))[1] - before.redis.get("evalsha", (0, 0))[1]
+        )
+        # INFO is the benchmark's own probe, not the proxy's work.
+        row.redis_commands = sum(count for name, count in calls.items() if name != "info")
+        if row.produce_requests:
+            row.evalsha_per_request = row.redis_evalsha / row.produce_requests
+
+
+def check_row(row: Row, meta: dict[str, Any]) -> None:
+    """Note a measurement whose records did not all land, or that dedup did not check."""
+    oddities: list[str] = meta.setdefault("oddities", [])
+    what = f"{row.case} round {row.round} {row.target}"
+    sent = row.records + row.warmup_records
+    failed = False
+    if row.landed_records is not None and row.landed_records != sent:
+        failed = True
+        lost = ""
+        if row.landed_records < sent and row.errors == 0:
+            lost = ", every delivery reported success: records lost"
+        oddities.append(
+            f"{what}: the topic grew by {row.landed_records:,} records, {sent:,} were sent "
+            f"({row.errors} failed deliveries{lost})"
+        )
+    verdicts = (row.checked_not_dup, row.checked_dup, row.checked_unknown)
+    if row.target == DEDUP and verdicts != (sent, 0, 0):
+        failed = True
+        oddities.append(
+            f"{what}: dedup verdicts not_dup={verdicts[0]} dup={verdicts[1]} "
+            f"unknown={verdicts[2]} for {sent:,} records sent, every sequence new (expected "
+            f"not_dup={sent} dup=0 unknown=0)"
+        )
+    meta["failed_checks"] = meta.get("failed_checks", 0) + int(failed)
+
+
+# ----------------------------------------------------------------------------- proxies
+
+
 def port_listening(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
@@ -475,8 +701,8 @@ def port_listening(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def port_bindable(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a listener could bind the port now. Ports in the ephemeral range (as the
-    defaults are) can be briefly held by the local end of some outgoing connection."""
+    """Whether a listener could bind the port now (another socket, or the TIME_WAIT of an
+    earlier listener's connection, may hold it briefly)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -486,10 +712,10 @@ def port_bindable(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-def start_proxy(proxy: Any, ports: list[int], say: Any, attempts: int = 5) -> None:
-    """Start the proxy, retrying while one of its ports is held by another socket (an
-    outgoing connection's local end, or its TIME_WAIT, which lasts 60 s on Linux).
+def start_proxy(proxy: Any, ports: Iterable[int], say: Any, attempts: int = 5) -> None:
+    """Start the proxy, retrying while one of its ports is held by another socket.
     The last port is the broker listener's, which opens after the first metadata answer."""
+    ports = list(ports)
     for attempt in range(1, attempts + 1):
         deadline = time.monotonic() + PORT_WAIT_S
         if not all(port_bindable(p) for p in ports):
@@ -499,10 +725,7 @@ def start_proxy(proxy: Any, ports: list[int], say: Any, attempts: int = 5) -> No
             time.sleep(0.5)
         busy = [p for p in ports if not port_bindable(p)]
         if busy:
-            raise BenchmarkError(
-                f"port(s) {busy} in use: choose others with --listen-port, --admin-port "
-                f"and --broker-port-base"
-            )
+            raise BenchmarkError(f"port(s) {busy} in use: choose others (see --help)")
         try:
             proxy.start()
         except (RuntimeError, TimeoutError) as exc:
@@ -524,13 +747,15 @@ def start_proxy(proxy: Any, ports: list[int], say: Any, attempts: int = 5) -> No
 @dataclass
 class Environment:
     bootstrap: str
+    redis: str
     description: str
     stop_on_exit: bool = False
 
 
-def open_environment(bootstrap: str | None, keep_env: bool) -> Environment:
+def open_environment(bootstrap: str | None, redis_url: str | None, keep_env: bool) -> Environment:
     if bootstrap:
-        return Environment(bootstrap, f"external Kafka at {bootstrap}")
+        assert redis_url is not None  # parse_args requires --redis with --bootstrap
+        return Environment(bootstrap, redis_url, f"external Kafka at {bootstrap}")
     from deploy.local import LocalEnvironment
 
     env = LocalEnvironment()
@@ -550,7 +775,9 @@ def open_environment(bootstrap: str | None, keep_env: bool) -> Environment:
     how = "already running" if was_running else "started by the benchmark"
     return Environment(
         info.bootstrap,
-        f"local environment ({brokers} broker(s), {how}) at {info.bootstrap}, home {env.home}",
+        redis_url or info.redis,
+        f"local environment ({brokers} broker(s), {how}) at {info.bootstrap}, "
+        f"Redis {info.redis}, home {env.home}",
         stop_on_exit=not was_running and not keep_env,
     )
 
@@ -562,16 +789,32 @@ def close_environment(environment: Environment) -> None:
         LocalEnvironment().down()
 
 
-def produce_request_bytes(metrics_text: str) -> float | None:
-    """Produce request bytes the proxy received, from its Prometheus text."""
-    for line in metrics_text.splitlines():
-        if (
-            line.startswith("dedup_proxy_bytes_total{")
-            and 'direction="request"' in line
-            and 'api="produce"' in line.lower()
-        ):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+def make_proxies(settings: Settings, environment: Environment, run_id: str) -> list[ProxyTarget]:
+    from proxy.launcher import ProxyProcess
+
+    proxies = []
+    for target in PROXY_TARGETS:
+        listen, admin, broker_base = settings.ports[target]
+        # Both proxies get the run's Redis and a key prefix of their own: no policy or state
+        # left by anything else can switch dedup on or off under the benchmark, and the
+        # pass-through proxy does not reach for the default Redis (its policy store reads it).
+        key_prefix = f"bench-{target}-{run_id}"
+        extra = ["--broker-port-base", str(broker_base)]
+        if target == PASSTHROUGH:
+            extra.append("--no-dedup")
+        process = ProxyProcess(
+            upstream=environment.bootstrap,
+            listen_port=listen,
+            admin_port=admin,
+            log_path=settings.out / f"proxy-{target}.log",
+            extra_args=extra,
+            env={
+                "DEDUP_PROXY_REDIS": environment.redis,
+                "DEDUP_PROXY_REDIS_KEY_PREFIX": key_prefix,
+            },
+        )
+        proxies.append(ProxyTarget(target, process, key_prefix, (listen, admin, broker_base)))
+    return proxies
 
 
 # ----------------------------------------------------------------------------- run
@@ -584,10 +827,9 @@ class Settings:
     scale: float
     latency_records: int
     bootstrap: str | None
+    redis: str | None
     keep_env: bool
-    listen_port: int
-    admin_port: int
-    broker_port_base: int
+    ports: dict[str, tuple[int, int, int]]
     quick: bool
 
 
@@ -617,131 +859,203 @@ def build_cases(scale: float) -> list[Case]:
 
 
 def run(settings: Settings, console: Any, rows: list[Row], meta: dict[str, Any]) -> None:
-    from proxy.launcher import ProxyProcess
-
     cases = build_cases(settings.scale)
-    total = len(cases) * settings.rounds * 2 + len(RECORD_SIZES) * settings.rounds * 2
-    for port in (settings.listen_port, settings.admin_port, settings.broker_port_base):
-        if port_listening(port):
-            raise BenchmarkError(
-                f"port {port} has a listener (another proxy?): choose other ports with "
-                f"--listen-port, --admin-port and --broker-port-base"
-            )
+    per_round = len(cases) + len(RECORD_SIZES)
+    total = per_round * settings.rounds * len(TARGETS)
+    for target in PROXY_TARGETS:
+        for port in settings.ports[target]:
+            if port_listening(port):
+                raise BenchmarkError(
+                    f"port {port} has a listener (another proxy?): choose other ports "
+                    f"(--{target}-ports LISTEN,ADMIN,BROKER_BASE)"
+                )
+    oddities: list[str] = meta.setdefault("oddities", [])
+    meta["failed_checks"] = 0
 
-    console.print("bringing up Kafka ...", highlight=False)
-    environment = open_environment(settings.bootstrap, settings.keep_env)
+    console.print("bringing up Kafka and Redis ...", highlight=False)
+    environment = open_environment(settings.bootstrap, settings.redis, settings.keep_env)
     meta["environment"] = environment.description
+    meta["redis"] = environment.redis
     console.print(environment.description, highlight=False)
+    run_id = f"{os.getpid()}-{int(time.time())}"
     pool = WorkerPool()
     topics: Topics | None = None
-    proxy = ProxyProcess(
-        upstream=environment.bootstrap,
-        listen_port=settings.listen_port,
-        admin_port=settings.admin_port,
-        log_path=settings.out / "proxy.log",
-        extra_args=["--broker-port-base", str(settings.broker_port_base)],
-    )
+    redis_stats: RedisStats | None = None
+    proxies = make_proxies(settings, environment, run_id)
+    by_target: dict[str, ProxyTarget] = {p.target: p for p in proxies}
     try:
-        topics = Topics(
-            environment.bootstrap, f"bench-passthrough-{os.getpid()}-{int(time.time())}"
-        )
+        redis_stats = RedisStats(environment.redis)
+        topics = Topics(environment.bootstrap, f"bench-passthrough-{run_id}")
         meta["brokers"] = topics.brokers
-        start_proxy(
-            proxy,
-            [settings.listen_port, settings.admin_port, settings.broker_port_base],
-            lambda text: console.print(f"[yellow]{text}[/]", highlight=False),
-        )
-        console.print(
-            f"proxy pid {proxy.pid} on {proxy.bootstrap} (brokers from port "
-            f"{settings.broker_port_base}), log {proxy.log_path}",
-            highlight=False,
-        )
-        bootstraps = {"direct": environment.bootstrap, "proxy": proxy.bootstrap}
+        for proxy in proxies:
+            start_proxy(
+                proxy.process,
+                proxy.ports,
+                lambda text: console.print(f"[yellow]{text}[/]", highlight=False),
+            )
+            console.print(
+                f"{LABELS[proxy.target]}: pid {proxy.process.pid} on {proxy.process.bootstrap} "
+                f"(brokers from port {proxy.ports[2]}), Redis key prefix {proxy.key_prefix}, "
+                f"log {proxy.process.log_path}",
+                highlight=False,
+            )
+        meta["proxies"] = {
+            p.target: {
+                "bootstrap": p.process.bootstrap,
+                "admin": p.process.admin_url,
+                "broker_port_base": p.ports[2],
+                "args": p.process.extra_args,
+                "redis_key_prefix": p.key_prefix,
+            }
+            for p in proxies
+        }
+        bootstraps = {DIRECT: environment.bootstrap}
+        bootstraps.update({p.target: p.process.bootstrap for p in proxies})
         progress = Progress(console, total)
-        proxied_bytes = 0
+
+        def measured(target: str, topic: str, partitions: int, measure: Callable[[], Row]) -> Row:
+            """Run one measurement with the per-measurement probes around it."""
+            assert topics is not None
+            proxy = by_target.get(target)
+            stats = redis_stats if target == DEDUP else None
+            before = take_snapshot(topics, topic, partitions, proxy, stats)
+            row = measure()
+            after = take_snapshot(topics, topic, partitions, proxy, stats)
+            record_deltas(row, before, after, proxy)
+            if proxy is not None:
+                proxy.relayed_payload_bytes += row.bytes + row.warmup_records * row.record_bytes
+            return row
 
         # A freshly started Kafka runs its first seconds on a cold JVM: without this pass
-        # the first direct measurement of the first case would pay for it alone.
+        # the first direct measurement of the first case would pay for it alone. It also
+        # warms both proxies (imports, upstream connections, the dedup scripts in Redis).
         warmup_case = Case(1000, 1, max(1000 * 100, int(WARMUP_PASS_BYTES * settings.scale)))
         topic = topics.create("warmup", 1)
         for target in TARGETS:
-            row = measure_throughput(pool, bootstraps[target], topic, warmup_case)
-            if target == "proxy":
-                warm = warmup_case.warmup_per_producer * warmup_case.producers
-                proxied_bytes += row.bytes + warm * warmup_case.record_bytes
+            row = measured(
+                target,
+                topic,
+                1,
+                lambda t=target, topic=topic: measure_throughput(
+                    pool, bootstraps[t], topic, warmup_case, f"bench-{run_id}-warmup-{t}"
+                ),
+            )
+            row.target, row.round = target, "warm-up"
+            check_row(row, meta)
             console.print(
-                f"[dim]warm-up pass, not recorded: {target:<6} {row.mb_per_s:8.1f} MB/s[/]",
+                f"[dim]warm-up pass, not recorded: {SHORT[target]:<12} {row.mb_per_s:8.1f} MB/s[/]",
                 highlight=False,
             )
         topics.delete(topic)
 
         for case in cases:
             topic = topics.create(case.slug, case.partitions)
-            sent = 0
             for round_no in range(1, settings.rounds + 1):
                 for target in TARGETS:
-                    cpu_before = process_cpu_seconds(proxy.pid)
-                    row = measure_throughput(pool, bootstraps[target], topic, case)
+                    name = f"bench-{run_id}-{case.slug}-{target}-r{round_no}"
+                    row = measured(
+                        target,
+                        topic,
+                        case.partitions,
+                        lambda t=target, n=name, topic=topic, case=case: measure_throughput(
+                            pool, bootstraps[t], topic, case, n
+                        ),
+                    )
                     row.target, row.round = target, str(round_no)
                     rows.append(row)
-                    warm = case.warmup_per_producer * case.producers
-                    sent += row.records + warm
-                    if target == "proxy":
-                        relayed_bytes = row.bytes + warm * case.record_bytes
-                        proxied_bytes += relayed_bytes
-                        row.proxy_cpu_s = process_cpu_seconds(proxy.pid) - cpu_before
-                        if row.proxy_cpu_s > 0:
-                            row.proxy_mb_per_cpu_s = relayed_bytes / MB / row.proxy_cpu_s
-                    failed = f"  [red]{row.errors} errors: {row.note}[/]" if row.errors else ""
+                    check_row(row, meta)
                     progress.line(
-                        f"{case.name:<22} round {round_no}/{settings.rounds}  {target:<6} "
-                        f"{row.mb_per_s:8.1f} MB/s {row.records_per_s:>11,.0f} rec/s "
-                        f"{row.seconds:6.2f} s{failed}"
+                        f"{case.name:<22} round {round_no}/{settings.rounds}  "
+                        f"{SHORT[target]:<12} {row.mb_per_s:8.1f} MB/s "
+                        f"{row.records_per_s:>11,.0f} rec/s {row.seconds:6.2f} s"
+                        + extra_progress(row)
                     )
-            landed = topics.end_offsets(topic, case.partitions)
-            if landed != sent:
-                meta.setdefault("oddities", []).append(
-                    f"{case.name}: {landed} records in the topic, {sent} sent"
-                )
             topics.delete(topic)
 
         for size in RECORD_SIZES:
             topic = topics.create(f"latency-{size}b", 1)
             for round_no in range(1, settings.rounds + 1):
                 for target in TARGETS:
-                    samples, errors, first_error = measure_latency(
-                        pool, bootstraps[target], topic, size, settings.latency_records
-                    )
-                    row = latency_row(size, target, str(round_no), samples, errors, first_error)
+                    name = f"bench-{run_id}-latency-{size}b-{target}-r{round_no}"
+                    result: dict[str, Any] = {}
+
+                    def latency(
+                        t: str = target,
+                        n: str = name,
+                        topic: str = topic,
+                        size: int = size,
+                        out: dict[str, Any] = result,
+                    ) -> Row:
+                        samples, errors, first_error = measure_latency(
+                            pool, bootstraps[t], topic, n, size, settings.latency_records
+                        )
+                        out["samples"] = samples
+                        row = latency_row(size, t, "", samples, errors, first_error)
+                        row.warmup_records = LATENCY_WARMUP
+                        return row
+
+                    row = measured(target, topic, 1, latency)
+                    row.round = str(round_no)
                     rows.append(row)
+                    check_row(row, meta)
                     progress.line(
-                        f"{row.case:<22} round {round_no}/{settings.rounds}  {target:<6} "
-                        f"p50 {row.p50_ms:6.3f} ms  p99 {row.p99_ms:6.3f} ms "
-                        f"({len(samples)} records)"
-                        + (f"  [red]{errors} errors: {first_error}[/]" if errors else "")
+                        f"{row.case:<22} round {round_no}/{settings.rounds}  "
+                        f"{SHORT[target]:<12} p50 {row.p50_ms:6.3f} ms  p99 {row.p99_ms:6.3f} ms "
+                        f"({row.records} records)" + extra_progress(row)
                     )
                     meta.setdefault("latency_samples", {}).setdefault(
                         f"{size}:{target}", []
-                    ).extend(samples)
+                    ).extend(result["samples"])
             topics.delete(topic)
 
-        with contextlib.suppress(Exception):
-            relayed = produce_request_bytes(proxy.metrics_text())
-            meta["proxy_produce_request_bytes"] = relayed
-            meta["payload_bytes_sent_through_proxy"] = proxied_bytes
-            if relayed is not None and relayed < proxied_bytes:
-                meta.setdefault("oddities", []).append(
-                    f"the proxy saw {relayed / MB:.1f} MB of Produce requests, less than the "
-                    f"{proxied_bytes / MB:.1f} MB of payload sent through it"
-                )
+        sanity: dict[str, Any] = {}
+        for proxy in proxies:
+            with contextlib.suppress(Exception):
+                samples = parse_metrics(proxy.process.metrics_text())
+                relayed = samples.get(PRODUCE_REQUEST_BYTES)
+                sanity[proxy.target] = {
+                    "produce_request_bytes": relayed,
+                    "payload_bytes_sent": proxy.relayed_payload_bytes,
+                    **{f"dedup_records_{v}": samples.get(verdict_metric(v)) for v in VERDICTS},
+                }
+                if relayed is not None and relayed < proxy.relayed_payload_bytes:
+                    oddities.append(
+                        f"the {SHORT[proxy.target]} proxy saw {relayed / MB:.1f} MB of Produce "
+                        f"requests, less than the {proxy.relayed_payload_bytes / MB:.1f} MB of "
+                        f"payload sent through it"
+                    )
+                if proxy.target == PASSTHROUGH and samples.get(verdict_metric("not_dup")):
+                    oddities.append("the pass-through proxy checked records for duplicates")
+        meta["sanity"] = sanity
     finally:
         pool.terminate()
-        code = proxy.stop()
-        if code not in (0, None):
-            meta.setdefault("oddities", []).append(f"the proxy exited with code {code}")
+        for proxy in proxies:
+            code = proxy.process.stop()
+            if code not in (0, None):
+                oddities.append(f"the {SHORT[proxy.target]} proxy exited with code {code}")
         if topics is not None:
             topics.delete_all()
+        if redis_stats is not None:
+            for proxy in proxies:
+                with contextlib.suppress(Exception):
+                    redis_stats.delete_prefix(proxy.key_prefix)
+            with contextlib.suppress(Exception):
+                redis_stats.client.close()
         close_environment(environment)
+
+
+def extra_progress(row: Row) -> str:
+    text = ""
+    if row.evalsha_per_request is not None:
+        text += f"  {row.evalsha_per_request:.2f} EVALSHA/request"
+    if row.errors:
+        text += f"  [red]{row.errors} errors: {row.note}[/]"
+    sent = row.records + row.warmup_records
+    if row.landed_records is not None and row.landed_records != sent:
+        text += f"  [red]{row.landed_records} of {sent} records landed[/]"
+    if row.checked_dup or row.checked_unknown:
+        text += f"  [red]dup {row.checked_dup} unknown {row.checked_unknown}[/]"
+    return text
 
 
 def latency_row(
@@ -770,17 +1084,41 @@ def _median_or_none(values: Iterable[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+def _sum_or_none(values: Iterable[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _pool_redis(summary: Row, runs: list[Row]) -> None:
+    """Redis and request counts of a summary row: totals over its rounds, EVALSHA per
+    request as total / total (so a short round does not weigh as much as a long one)."""
+    summary.produce_requests = _sum_or_none(r.produce_requests for r in runs)
+    summary.redis_evalsha = _sum_or_none(r.redis_evalsha for r in runs)
+    summary.redis_evalsha_usec = _sum_or_none(r.redis_evalsha_usec for r in runs)
+    summary.redis_commands = _sum_or_none(r.redis_commands for r in runs)
+    summary.checked_not_dup = _sum_or_none(r.checked_not_dup for r in runs)
+    summary.checked_dup = _sum_or_none(r.checked_dup for r in runs)
+    summary.checked_unknown = _sum_or_none(r.checked_unknown for r in runs)
+    summary.landed_records = _sum_or_none(r.landed_records for r in runs)
+    summary.missing_records = _sum_or_none(r.missing_records for r in runs)
+    summary.warmup_records = sum(r.warmup_records for r in runs)
+    if summary.redis_evalsha is not None and summary.produce_requests:
+        summary.evalsha_per_request = summary.redis_evalsha / summary.produce_requests
+
+
 def summarize(rows: list[Row], meta: dict[str, Any]) -> list[Row]:
-    """Median throughput per case and target (with proxy/direct), pooled latency per size."""
+    """Median throughput per case and target (with ratio to direct), pooled latency per size."""
     summary: list[Row] = []
     measured = [r for r in rows if r.kind == "throughput"]
     for case in dict.fromkeys(r.case for r in measured):
         medians: dict[str, Row] = {}
         for target in TARGETS:
             runs = [r for r in measured if r.case == case and r.target == target]
+            if not runs:
+                continue
             good = [r for r in runs if r.errors == 0] or runs
             first = runs[0]
-            medians[target] = Row(
+            medians[target] = row = Row(
                 kind="throughput",
                 case=case,
                 record_bytes=first.record_bytes,
@@ -796,12 +1134,16 @@ def summarize(rows: list[Row], meta: dict[str, Any]) -> list[Row]:
                 proxy_cpu_s=_median_or_none(r.proxy_cpu_s for r in good),
                 proxy_mb_per_cpu_s=_median_or_none(r.proxy_mb_per_cpu_s for r in good),
                 errors=sum(r.errors for r in runs),
-                note=f"median of {len(good)} rounds",
+                note=f"median of {len(good)} rounds; counts summed over {len(runs)}",
             )
-        direct, proxied = medians["direct"], medians["proxy"]
-        if direct.mb_per_s:
-            proxied.ratio_vs_direct = (proxied.mb_per_s or 0.0) / direct.mb_per_s
-        summary += [direct, proxied]
+            _pool_redis(row, runs)
+        direct = medians.get(DIRECT)
+        for target in PROXY_TARGETS:
+            if direct is not None and direct.mb_per_s and target in medians:
+                medians[target].ratio_vs_direct = (medians[target].mb_per_s or 0.0) / (
+                    direct.mb_per_s
+                )
+        summary += medians.values()
     samples = meta.get("latency_samples", {})
     for size in RECORD_SIZES:
         pooled: dict[str, Row] = {}
@@ -809,16 +1151,20 @@ def summarize(rows: list[Row], meta: dict[str, Any]) -> list[Row]:
             values = samples.get(f"{size}:{target}", [])
             if not values:
                 continue
-            errors = sum(
-                r.errors
+            runs = [
+                r
                 for r in rows
                 if r.kind == "latency" and r.record_bytes == size and r.target == target
-            )
+            ]
+            errors = sum(r.errors for r in runs)
             row = latency_row(size, target, "all", values, errors, "all rounds pooled")
+            _pool_redis(row, runs)
             pooled[target] = row
-        if len(pooled) == 2 and pooled["direct"].p50_ms is not None:
-            proxied = pooled["proxy"]
-            proxied.added_p50_ms = (proxied.p50_ms or 0.0) - pooled["direct"].p50_ms
+        direct = pooled.get(DIRECT)
+        if direct is not None and direct.p50_ms is not None:
+            for target in PROXY_TARGETS:
+                if target in pooled:
+                    pooled[target].added_p50_ms = (pooled[target].p50_ms or 0.0) - direct.p50_ms
         summary += pooled.values()
     return summary
 
@@ -840,7 +1186,13 @@ def write_csv(path: Path, rows: list[Row]) -> None:
             writer.writerow(record)
 
 
-COLORS = {"direct": "#4c72b0", "proxy": "#dd8452"}
+COLORS = {DIRECT: "#4c72b0", PASSTHROUGH: "#dd8452", DEDUP: "#55a868"}
+BAR_WIDTH = 0.27
+
+
+def _offsets() -> dict[str, float]:
+    middle = (len(TARGETS) - 1) / 2
+    return {t: (i - middle) * BAR_WIDTH for i, t in enumerate(TARGETS)}
 
 
 def plot(path: Path, rows: list[Row], summary: list[Row], title: str) -> None:
@@ -851,46 +1203,73 @@ def plot(path: Path, rows: list[Row], summary: list[Row], title: str) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 2, figsize=(14, 10))
     for size, ax in zip(RECORD_SIZES, axes[0], strict=True):
         _plot_throughput(ax, size, rows, summary)
     for stat, ax in zip(("p50", "p99"), axes[1], strict=True):
         _plot_latency(ax, stat, summary)
-    handles = [
-        Patch(color=COLORS["direct"], label="direct to Kafka"),
-        Patch(color=COLORS["proxy"], label="through the proxy"),
-        Line2D([], [], marker="o", color="black", linestyle="", markersize=4, label="rounds"),
-    ]
-    fig.legend(handles=handles, loc="upper center", ncol=3, bbox_to_anchor=(0.5, 0.955))
+    handles: list[Any] = [Patch(color=COLORS[t], label=LABELS[t]) for t in TARGETS]
+    handles.append(
+        Line2D([], [], marker="o", color="black", linestyle="", markersize=4, label="rounds")
+    )
+    fig.legend(handles=handles, loc="upper center", ncol=4, bbox_to_anchor=(0.5, 0.955))
     fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
+def _ratio_color(met: bool) -> str:
+    return "green" if met else "red"
+
+
+def _mb(value: float | None) -> str:
+    value = value or 0.0
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _plot_throughput(ax: Any, size: int, rows: list[Row], summary: list[Row]) -> None:
-    width = 0.38
     medians = [r for r in summary if r.kind == "throughput" and r.record_bytes == size]
     runs = [r for r in rows if r.kind == "throughput" and r.record_bytes == size]
     cases = list(dict.fromkeys(r.case for r in medians))
     top = max((r.mb_per_s or 0.0 for r in runs), default=1.0) or 1.0
-    for offset, target in ((-width / 2, "direct"), (width / 2, "proxy")):
+    for target, offset in _offsets().items():
         for i, case in enumerate(cases):
-            median = next(r for r in medians if r.case == case and r.target == target)
+            median = next((r for r in medians if r.case == case and r.target == target), None)
+            if median is None:
+                continue
             x = i + offset
-            ax.bar(x, median.mb_per_s or 0.0, width, color=COLORS[target])
+            ax.bar(x, median.mb_per_s or 0.0, BAR_WIDTH, color=COLORS[target])
             points = [r.mb_per_s for r in runs if r.case == case and r.target == target]
             ax.scatter([x] * len(points), points, s=14, color="black", zorder=3)
     for i, case in enumerate(cases):
-        direct = next(r for r in medians if r.case == case and r.target == "direct")
-        proxied = next(r for r in medians if r.case == case and r.target == "proxy")
-        ratio = proxied.ratio_vs_direct
-        met = ratio is not None and ratio >= TARGET_THROUGHPUT_RATIO
-        label = f"direct {direct.mb_per_s:.0f} / proxy {proxied.mb_per_s:.0f} MB/s"
-        label += f"\nproxy/direct {ratio:.1%}" if ratio is not None else ""
-        ax.annotate(
-            label, (i, top * 1.04), ha="center", fontsize=9, color="green" if met else "red"
-        )
+        values = [
+            f"{SHORT[target].split('-')[0]} {_mb(row.mb_per_s)}"
+            for target in TARGETS
+            for row in medians
+            if row.case == case and row.target == target
+        ]
+        lines = [(" · ".join(values) + " MB/s", "black")]
+        for target in PROXY_TARGETS:
+            row = next((r for r in medians if r.case == case and r.target == target), None)
+            if row is None or row.ratio_vs_direct is None:
+                continue
+            goal = throughput_target(target, size)
+            met = row.ratio_vs_direct >= goal and not row.errors and not row.missing_records
+            text = f"{SHORT[target]}/direct {row.ratio_vs_direct:.0%} (target >= {goal:.0%})"
+            lines.append((text, _ratio_color(met)))
+            if row.missing_records:
+                lines.append((f"{SHORT[target]}: {row.missing_records:,} records LOST", "red"))
+        for line_no, (text, color) in enumerate(lines):
+            ax.annotate(
+                text,
+                (i, top * 1.05),
+                xytext=(0, 12 * (len(lines) - 1 - line_no)),
+                textcoords="offset points",
+                ha="center",
+                fontsize=9,
+                color=color,
+            )
     producers = [next(r.producers for r in medians if r.case == c) for c in cases]
     ax.set_xticks(
         range(len(cases)),
@@ -900,47 +1279,62 @@ def _plot_throughput(ax: Any, size: int, rows: list[Row], summary: list[Row]) ->
         ],
     )
     ax.set_xlim(-0.6, len(cases) - 0.4)
-    ax.set_ylim(0, top * 1.25)
+    ax.set_ylim(0, top * 1.4)
     ax.set_ylabel("MB/s of record payload (10^6 B/s), median")
-    ax.set_title(
-        f"Throughput, {size} B records (acks=all, linger.ms=5); "
-        f"target >= {TARGET_THROUGHPUT_RATIO:.0%} of direct",
-        fontsize=10,
-    )
+    ax.set_title(f"Throughput, {size} B records (acks=all, linger.ms=5), median", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
 
 
 def _plot_latency(ax: Any, stat: str, summary: list[Row]) -> None:
-    width = 0.38
     pooled = [r for r in summary if r.kind == "latency"]
     top = max((getattr(r, f"{stat}_ms") or 0.0 for r in pooled), default=1.0) or 1.0
-    for offset, target in ((-width / 2, "direct"), (width / 2, "proxy")):
+    for target, offset in _offsets().items():
         values = []
         for size in RECORD_SIZES:
             row = next((r for r in pooled if r.record_bytes == size and r.target == target), None)
             values.append((getattr(row, f"{stat}_ms") if row else None) or 0.0)
         xs = [i + offset for i in range(len(RECORD_SIZES))]
-        bars = ax.bar(xs, values, width, color=COLORS[target])
+        bars = ax.bar(xs, values, BAR_WIDTH, color=COLORS[target])
         ax.bar_label(bars, fmt="%.3f", padding=2, fontsize=8)
     for i, size in enumerate(RECORD_SIZES):
-        direct = next((r for r in pooled if r.record_bytes == size and r.target == "direct"), None)
-        proxied = next((r for r in pooled if r.record_bytes == size and r.target == "proxy"), None)
-        if direct is None or proxied is None:
+        direct = next((r for r in pooled if r.record_bytes == size and r.target == DIRECT), None)
+        if direct is None:
             continue
-        added = (getattr(proxied, f"{stat}_ms") or 0.0) - (getattr(direct, f"{stat}_ms") or 0.0)
-        color = "black"
-        if stat == "p50":
-            color = "green" if added <= TARGET_ADDED_P50_MS else "red"
-        ax.annotate(f"added {added:+.3f} ms", (i, top * 1.1), ha="center", fontsize=9, color=color)
+        lines = []
+        for target in PROXY_TARGETS:
+            row = next((r for r in pooled if r.record_bytes == size and r.target == target), None)
+            if row is None:
+                continue
+            added = (getattr(row, f"{stat}_ms") or 0.0) - (getattr(direct, f"{stat}_ms") or 0.0)
+            color = "black"
+            text = f"{SHORT[target]}: added {added:+.3f} ms"
+            if stat == "p50" and target == PASSTHROUGH:
+                color = _ratio_color(added <= TARGET_ADDED_P50_MS)
+                text += f" (<= {TARGET_ADDED_P50_MS:g})"
+            lines.append((text, color))
+        for line_no, (text, color) in enumerate(lines):
+            ax.annotate(
+                text,
+                (i, top * 1.08),
+                xytext=(0, 12 * (len(lines) - 1 - line_no)),
+                textcoords="offset points",
+                ha="center",
+                fontsize=9,
+                color=color,
+            )
     ax.set_xticks(range(len(RECORD_SIZES)), [f"{size} B records" for size in RECORD_SIZES])
     ax.set_xlim(-0.6, len(RECORD_SIZES) - 0.4)
-    ax.set_ylim(0, top * 1.25)
+    ax.set_ylim(0, top * 1.3)
     ax.set_ylabel(f"{stat} ms, produce to delivery report")
-    target = f"; target: added p50 <= {TARGET_ADDED_P50_MS:g} ms" if stat == "p50" else ""
     ax.set_title(
-        f"Latency {stat}, one record at a time (linger.ms=0, acks=all){target}", fontsize=10
+        f"Latency {stat}, one record at a time (linger.ms=0, acks=all), all rounds pooled",
+        fontsize=10,
     )
     ax.grid(axis="y", alpha=0.3)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def print_summary(console: Any, summary: list[Row], meta: dict[str, Any]) -> None:
@@ -949,116 +1343,206 @@ def print_summary(console: Any, summary: list[Row], meta: dict[str, Any]) -> Non
     def verdict(ok: bool) -> str:
         return "[green]met[/]" if ok else "[red]not met[/]"
 
+    def pick(rows: list[Row], target: str, **match: Any) -> Row | None:
+        return next(
+            (
+                r
+                for r in rows
+                if r.target == target and all(getattr(r, k) == v for k, v in match.items())
+            ),
+            None,
+        )
+
+    medians = [r for r in summary if r.kind == "throughput"]
     throughput = Table(
         title="Throughput (median of rounds, MB/s of record payload)",
-        caption="producer i writes partition i; proxy MB per CPU-s: payload the proxy relayed "
-        "(warm-up included) per second of its own CPU time",
+        caption="producer i writes partition i; targets: pass-through >= 90 % of direct, "
+        "dedup >= 70 % (1000 B) / 50 % (100 B)",
     )
-    columns = (
+    for column in (
         "case",
-        "partitions",
-        "direct MB/s",
-        "proxy MB/s",
-        "proxy/direct",
-        "proxy MB per CPU-s",
-        "target",
-    )
-    for column in columns:
+        "direct",
+        "pass-through",
+        "pass/direct",
+        "dedup",
+        "dedup/direct",
+        "pass-through target",
+        "dedup target",
+    ):
         throughput.add_column(column, justify="left" if column == "case" else "right")
-    all_met = True
-    medians = [r for r in summary if r.kind == "throughput"]
+    met_all = {PASSTHROUGH: True, DEDUP: True}
     for case in dict.fromkeys(r.case for r in medians):
-        direct = next(r for r in medians if r.case == case and r.target == "direct")
-        proxied = next(r for r in medians if r.case == case and r.target == "proxy")
-        ratio = proxied.ratio_vs_direct or 0.0
-        met = ratio >= TARGET_THROUGHPUT_RATIO and not (direct.errors or proxied.errors)
-        all_met &= met
+        direct = pick(medians, DIRECT, case=case)
+        cells: dict[str, tuple[str, str, str]] = {}
+        for target in PROXY_TARGETS:
+            row = pick(medians, target, case=case)
+            if row is None or direct is None:
+                cells[target] = ("-", "-", "-")
+                met_all[target] = False
+                continue
+            ratio = row.ratio_vs_direct or 0.0
+            errors = row.errors + direct.errors
+            missing = row.missing_records or 0
+            met = ratio >= throughput_target(target, row.record_bytes) and not errors
+            met &= not missing
+            met_all[target] &= met
+            flags = " (errors)" if errors else ""
+            flags += f" ({missing:,} records missing)" if missing else ""
+            cells[target] = (f"{row.mb_per_s:.1f}", f"{ratio:.1%}", verdict(met) + flags)
         throughput.add_row(
             case,
-            str(direct.partitions),
-            f"{direct.mb_per_s:.1f}",
-            f"{proxied.mb_per_s:.1f}",
-            f"{ratio:.1%}",
-            f"{proxied.proxy_mb_per_cpu_s:.0f}" if proxied.proxy_mb_per_cpu_s else "-",
-            verdict(met) + (" (errors)" if direct.errors or proxied.errors else ""),
+            _fmt(direct.mb_per_s if direct else None, ".1f"),
+            cells[PASSTHROUGH][0],
+            cells[PASSTHROUGH][1],
+            cells[DEDUP][0],
+            cells[DEDUP][1],
+            cells[PASSTHROUGH][2],
+            cells[DEDUP][2],
         )
     console.print(throughput)
 
-    latency = Table(title="Latency per record (all rounds pooled, ms)")
+    cost = Table(
+        title="What the proxy spends (throughput cases, warm-up included)",
+        caption="MB per CPU-s: payload relayed per second of the proxy's own CPU (median of "
+        "rounds); requests, records and Redis calls summed over the rounds. Each producer "
+        "writes one partition, so a Produce request carries one partition batch",
+    )
+    cost.add_column("case", no_wrap=True)
+    for column in (
+        "pass MB per CPU-s",
+        "dedup MB per CPU-s",
+        "dedup Produce requests",
+        "records per request",
+        "EVALSHA per request",
+        "Redis µs per EVALSHA",
+        "dup / unknown",
+    ):
+        cost.add_column(column, justify="right")
+    for case in dict.fromkeys(r.case for r in medians):
+        passthrough = pick(medians, PASSTHROUGH, case=case)
+        dedup = pick(medians, DEDUP, case=case)
+        requests = dedup.produce_requests if dedup else None
+        records_per_request = None
+        usec_per_call = None
+        if dedup is not None and requests and dedup.checked_not_dup is not None:
+            records_per_request = (
+                dedup.checked_not_dup + (dedup.checked_dup or 0) + (dedup.checked_unknown or 0)
+            ) / requests
+        if dedup is not None and dedup.redis_evalsha and dedup.redis_evalsha_usec is not None:
+            usec_per_call = dedup.redis_evalsha_usec / dedup.redis_evalsha
+        bad = dedup is not None and bool(dedup.checked_dup or dedup.checked_unknown)
+        cost.add_row(
+            case,
+            _fmt(passthrough.proxy_mb_per_cpu_s if passthrough else None, ".0f"),
+            _fmt(dedup.proxy_mb_per_cpu_s if dedup else None, ".0f"),
+            _fmt(requests, ","),
+            _fmt(records_per_request, ",.0f"),
+            _fmt(dedup.evalsha_per_request if dedup else None, ".3f"),
+            _fmt(usec_per_call, ".1f"),
+            ("[red]" if bad else "")
+            + (f"{dedup.checked_dup} / {dedup.checked_unknown}" if dedup else "-")
+            + ("[/]" if bad else ""),
+        )
+    console.print(cost)
+
+    latency = Table(
+        title="Latency per record (all rounds pooled, ms)",
+        caption="target: pass-through added p50 <= 1 ms; the dedup figures are informational",
+    )
     for column in (
         "record size",
         "direct p50",
-        "proxy p50",
-        "added p50",
+        "pass p50",
+        "dedup p50",
+        "pass added",
+        "dedup added",
         "direct p99",
-        "proxy p99",
+        "pass p99",
+        "dedup p99",
+        "dedup EVALSHA per req",
         "target",
     ):
         latency.add_column(column, justify="right")
     pooled = [r for r in summary if r.kind == "latency"]
     latency_met = True
     for size in RECORD_SIZES:
-        lat_direct = next(
-            (r for r in pooled if r.record_bytes == size and r.target == "direct"), None
-        )
-        lat_proxy = next(
-            (r for r in pooled if r.record_bytes == size and r.target == "proxy"), None
-        )
-        if lat_direct is None or lat_proxy is None:
+        direct = pick(pooled, DIRECT, record_bytes=size)
+        passthrough = pick(pooled, PASSTHROUGH, record_bytes=size)
+        dedup = pick(pooled, DEDUP, record_bytes=size)
+        if direct is None or passthrough is None:
+            latency_met = False
             continue
-        added = lat_proxy.added_p50_ms or 0.0
-        met = added <= TARGET_ADDED_P50_MS
+        met = (passthrough.added_p50_ms or 0.0) <= TARGET_ADDED_P50_MS
         latency_met &= met
         latency.add_row(
             f"{size} B",
-            f"{lat_direct.p50_ms:.3f}",
-            f"{lat_proxy.p50_ms:.3f}",
-            f"{added:+.3f}",
-            f"{lat_direct.p99_ms:.3f}",
-            f"{lat_proxy.p99_ms:.3f}",
+            _fmt(direct.p50_ms, ".3f"),
+            _fmt(passthrough.p50_ms, ".3f"),
+            _fmt(dedup.p50_ms if dedup else None, ".3f"),
+            _fmt(passthrough.added_p50_ms, "+.3f"),
+            _fmt(dedup.added_p50_ms if dedup else None, "+.3f"),
+            _fmt(direct.p99_ms, ".3f"),
+            _fmt(passthrough.p99_ms, ".3f"),
+            _fmt(dedup.p99_ms if dedup else None, ".3f"),
+            _fmt(dedup.evalsha_per_request if dedup else None, ".3f"),
             verdict(met),
         )
     console.print(latency)
     console.print(
-        f"pass-through throughput >= {TARGET_THROUGHPUT_RATIO:.0%} of direct in every case: "
-        f"{verdict(all_met)}",
+        f"pass-through throughput >= 90% of direct in every case: {verdict(met_all[PASSTHROUGH])}",
         highlight=False,
     )
     console.print(
-        f"added median latency <= {TARGET_ADDED_P50_MS:g} ms for every record size: "
-        f"{verdict(latency_met)}",
+        f"dedup throughput >= 70% of direct at 1000 B and >= 50% at 100 B: "
+        f"{verdict(met_all[DEDUP])}",
+        highlight=False,
+    )
+    console.print(
+        f"pass-through added median latency <= {TARGET_ADDED_P50_MS:g} ms for every record "
+        f"size: {verdict(latency_met)}",
         highlight=False,
     )
     console.print(
         "[dim]informational: the machine is shared and noisy, the exit code does not depend "
         "on these figures[/]"
     )
-    relayed = meta.get("proxy_produce_request_bytes")
-    if relayed is not None:
-        sent = meta["payload_bytes_sent_through_proxy"]
+    for target, figures in meta.get("sanity", {}).items():
+        relayed = figures.get("produce_request_bytes")
+        if relayed is not None:
+            console.print(
+                f"[dim]sanity: the {SHORT[target]} proxy relayed {relayed / MB:,.1f} MB of "
+                f"Produce requests for {figures['payload_bytes_sent'] / MB:,.1f} MB of record "
+                f"payload sent through it[/]",
+                highlight=False,
+            )
+    oddities = meta.get("oddities", [])
+    if not meta.get("failed_checks"):
         console.print(
-            f"[dim]sanity: the proxy relayed {relayed / MB:,.1f} MB of Produce requests for "
-            f"{sent / MB:,.1f} MB of record payload sent through it[/]",
+            "[dim]sanity: after every measurement the topic had grown by exactly the records "
+            "sent, and the dedup proxy had found every record new (no dup, no unknown)[/]",
             highlight=False,
         )
-    if not any("records in the topic" in o for o in meta.get("oddities", [])):
-        console.print(
-            "[dim]sanity: every topic's end offsets matched the records sent to it[/]",
-            highlight=False,
-        )
-    for oddity in meta.get("oddities", []):
+    for oddity in oddities:
         console.print(f"[yellow]note:[/] {oddity}", highlight=False)
 
 
 # ----------------------------------------------------------------------------- main
 
 
+def _ports(text: str) -> tuple[int, int, int]:
+    parts = [int(p) for p in text.split(",")]
+    if len(parts) != 3 or not all(0 < p < 65536 for p in parts):
+        raise argparse.ArgumentTypeError("expected LISTEN,ADMIN,BROKER_BASE, three ports")
+    return parts[0], parts[1], parts[2]
+
+
 def parse_args(argv: list[str] | None) -> Settings:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.passthrough",
-        description="Throughput and latency of producers direct to Kafka vs through the proxy.",
+        description="Throughput and latency of producers direct to Kafka, through the proxy "
+        "as a pass-through (--no-dedup) and through the proxy with dedup on.",
     )
-    parser.add_argument("--quick", action="store_true", help="a small smoke run (~1 minute)")
+    parser.add_argument("--quick", action="store_true", help="a small smoke run (under a minute)")
     parser.add_argument("--out", type=Path, help="output directory (default: results/<time>)")
     parser.add_argument("--rounds", type=int, help=f"interleaved rounds (default {DEFAULT_ROUNDS})")
     parser.add_argument(
@@ -1073,13 +1557,25 @@ def parse_args(argv: list[str] | None) -> Settings:
         "--bootstrap", help="benchmark this Kafka instead of the local environment (HOST:PORT)"
     )
     parser.add_argument(
+        "--redis",
+        help="Redis URL for the proxies (default: the local environment's; required with "
+        "--bootstrap)",
+    )
+    parser.add_argument(
         "--keep-env",
         action="store_true",
         help="leave the local environment running if the benchmark had to start it",
     )
-    parser.add_argument("--listen-port", type=int, default=DEFAULT_LISTEN_PORT)
-    parser.add_argument("--admin-port", type=int, default=DEFAULT_ADMIN_PORT)
-    parser.add_argument("--broker-port-base", type=int, default=DEFAULT_BROKER_PORT_BASE)
+    for target in PROXY_TARGETS:
+        default = DEFAULT_PORTS[target]
+        parser.add_argument(
+            f"--{target}-ports",
+            type=_ports,
+            default=default,
+            metavar="LISTEN,ADMIN,BROKER_BASE",
+            help=f"ports of the {SHORT[target]} proxy (default {','.join(map(str, default))}; "
+            "broker node n listens on BROKER_BASE + n)",
+        )
     args = parser.parse_args(argv)
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
     scale = args.scale or (QUICK_SCALE if args.quick else 1.0)
@@ -1088,6 +1584,12 @@ def parse_args(argv: list[str] | None) -> Settings:
     )
     if rounds < 1 or scale <= 0 or latency_records < 1:
         parser.error("--rounds, --scale and --latency-records must be positive")
+    if args.bootstrap and not args.redis:
+        parser.error("--bootstrap needs --redis (the dedup proxy keeps its state there)")
+    ports = {PASSTHROUGH: args.passthrough_ports, DEDUP: args.dedup_ports}
+    every_port = [p for target in PROXY_TARGETS for p in ports[target]]
+    if len(set(every_port)) != len(every_port):
+        parser.error("the two proxies need six different ports")
     out = args.out or RESULTS_DIR / datetime.now().strftime("%Y%m%d-%H%M%S")
     return Settings(
         out=out,
@@ -1095,10 +1597,9 @@ def parse_args(argv: list[str] | None) -> Settings:
         scale=scale,
         latency_records=latency_records,
         bootstrap=args.bootstrap,
+        redis=args.redis,
         keep_env=args.keep_env,
-        listen_port=args.listen_port,
-        admin_port=args.admin_port,
-        broker_port_base=args.broker_port_base,
+        ports=ports,
         quick=args.quick,
     )
 
@@ -1120,7 +1621,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(width=None if sys.stdout.isatty() else 140)
     settings = parse_args(argv)
     settings.out.mkdir(parents=True, exist_ok=True)
     import confluent_kafka
@@ -1128,8 +1629,11 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {
         "started": datetime.now().isoformat(timespec="seconds"),
         "settings": {k: str(v) for k, v in asdict(settings).items()},
+        "targets": {t: LABELS[t] for t in TARGETS},
         "throughput_producer": THROUGHPUT_PRODUCER_SETTINGS,
         "latency_producer": LATENCY_PRODUCER_SETTINGS,
+        "record_headers": f"{PRODUCER_HEADER} (one name per producer process and "
+        f"measurement), {SEQUENCE_HEADER} (0, 1, 2, ... from the warm-up on), every target",
         "partitions": "1 per producer; producer i writes partition i",
         "replication_factor": 1,
         "confluent_kafka": confluent_kafka.__version__,
@@ -1140,8 +1644,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     cases = build_cases(settings.scale)
     console.print(
-        f"[bold]pass-through benchmark[/]: {settings.rounds} interleaved rounds per case, "
-        f"results in {settings.out}",
+        f"[bold]proxy cost benchmark[/]: {', '.join(SHORT[t] for t in TARGETS)}; "
+        f"{settings.rounds} interleaved rounds per case, results in {settings.out}",
         highlight=False,
     )
     for case in cases:
@@ -1163,7 +1667,7 @@ def main(argv: list[str] | None = None) -> int:
         with sigterm_as_interrupt():
             run(settings, console, rows, meta)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted; proxy and workers stopped[/]")
+        console.print("[yellow]interrupted; proxies and workers stopped[/]")
         if rows:
             write_csv(settings.out / "passthrough.partial.csv", rows)
         return 130
@@ -1183,16 +1687,16 @@ def main(argv: list[str] | None = None) -> int:
     png_path = settings.out / "passthrough.png"
     write_csv(csv_path, rows + summary)
     title = (
-        f"Kafka producer direct vs through the proxy ({meta.get('brokers', '?')} broker(s), "
-        f"{os.cpu_count()} CPUs, librdkafka {meta['librdkafka']}, {settings.rounds} rounds, "
-        f"{meta['started']})"
+        f"Kafka producer: direct vs proxy pass-through vs proxy with dedup "
+        f"({meta.get('brokers', '?')} broker(s), {os.cpu_count()} CPUs, librdkafka "
+        f"{meta['librdkafka']}, {settings.rounds} rounds, {meta['started']})"
     )
     plot(png_path, rows, summary, title)
     (settings.out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     print_summary(console, summary, meta)
     console.print(
         f"took {meta['seconds']:.0f} s; wrote {csv_path}, {png_path}, "
-        f"{settings.out / 'meta.json'}, {settings.out / 'proxy.log'}",
+        f"{settings.out / 'meta.json'}, proxy-{PASSTHROUGH}.log, proxy-{DEDUP}.log",
         highlight=False,
     )
     return 0

@@ -20,7 +20,6 @@ For one client Produce request:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from redis.exceptions import RedisError
 from dedup import metrics
 from dedup.batches import BadBatch, IdentityHeaders, IncomingBatch, build_batch, read_batches
 from dedup.persisted import PersistedRecorder
-from dedup.policies import Mode, PolicyStore
+from dedup.policies import Mode, PolicySnapshot, PolicyStore
 from dedup.state import DedupState, PartitionCheck, Status
 from dedup.writer import BatchToWrite, IdempotentWriter, WriteResult, now_ms
 from proxy.schemas import response_type
@@ -61,11 +60,26 @@ class _PartitionGate:
     pending: int = 0
     failed: bool = False
     open: asyncio.Event = field(default_factory=asyncio.Event)
-    order: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_in_line: asyncio.Future[None] | None = None  # the latest admitted request's turn
     taken_over: bool = False
 
     def __post_init__(self) -> None:
         self.open.set()
+
+
+@dataclass(slots=True)
+class Admission:
+    """A request's place in line: it goes after ``predecessors``, and its ``turns`` let the
+    requests behind it go once its sequences are assigned."""
+
+    snapshot: PolicySnapshot
+    predecessors: list[asyncio.Future[None]] = field(default_factory=list)
+    turns: list[asyncio.Future[None]] = field(default_factory=list)
+
+    def done(self) -> None:
+        for turn in self.turns:
+            if not turn.done():
+                turn.set_result(None)
 
 
 @dataclass(slots=True)
@@ -115,42 +129,54 @@ class DedupEngine:
         """The partitions this engine has written to since it started."""
         return sorted(self._gates)
 
-    async def handles(self, request: Any) -> bool:
-        """Whether this Produce request goes through dedup (else it is forwarded as is)."""
+    async def admit(self, request: Any) -> Admission | None:
+        """Called as each Produce request arrives, in arrival order: None to forward it as
+        is (transactional, or dedup disabled for every topic it writes), else its place in
+        line on each of its partitions, taken before anything else can run."""
         if request.transactional_id is not None:
-            return False
+            return None
         snapshot = await self._policies.snapshot()
-        return any(
-            snapshot.mode_for(str(topic.name)) is not Mode.DISABLED for topic in request.topic_data
-        )
+        topics = [str(topic.name) for topic in request.topic_data]
+        if all(snapshot.mode_for(topic) is Mode.DISABLED for topic in topics):
+            return None
+        # Nothing below awaits: the places in line follow the order of arrival.
+        loop = asyncio.get_running_loop()
+        admission = Admission(snapshot)
+        for topic in request.topic_data:
+            for part in topic.partition_data:
+                gate = self._gate_of((str(topic.name), int(part.index)))
+                if gate.last_in_line is not None and not gate.last_in_line.done():
+                    admission.predecessors.append(gate.last_in_line)
+                turn_done: asyncio.Future[None] = loop.create_future()
+                gate.last_in_line = turn_done
+                admission.turns.append(turn_done)
+        return admission
 
     async def produce(
-        self, request: Any, broker: Endpoint
+        self, request: Any, admission: Admission, broker: Endpoint
     ) -> dict[tuple[str, int], PartitionAnswer]:
-        """Run one Produce request through dedup; an answer per (topic, partition)."""
-        snapshot = await self._policies.snapshot()
+        """Run one admitted Produce request through dedup; an answer per partition."""
         work = [
-            _Work(str(topic.name), int(part.index), snapshot.mode_for(str(topic.name)))
+            _Work(str(topic.name), int(part.index), admission.snapshot.mode_for(str(topic.name)))
             for topic in request.topic_data
             for part in topic.partition_data
         ]
         records = [part.records for topic in request.topic_data for part in topic.partition_data]
-        for item, data in zip(work, records, strict=True):
-            self._read(item, data)
         timeout_ms = int(request.timeout.total_seconds() * 1000)
-        # Check and sequence assignment happen in arrival order per partition: a request
-        # checked later must not reach the log ahead of one checked earlier.
-        gates = sorted({(w.topic, w.partition) for w in work if w.answer is None})
-        async with contextlib.AsyncExitStack() as ordered:
-            for key in gates:
-                await ordered.enter_async_context(self._gate_of(key).order)
+        submitted = None
+        try:
+            for item, data in zip(work, records, strict=True):
+                self._read(item, data)
+            # Check and sequence assignment happen in arrival order per partition: a request
+            # checked later must never reach the log ahead of one that arrived earlier, or
+            # the earlier one's records would read as old duplicates of the later ones.
+            for predecessor in admission.predecessors:
+                await predecessor
             try:
                 await self._check(work)
                 writes, submitted = await self._submit(work, broker, timeout_ms)
-            except BaseException:
-                await self._release(work)
-                raise
-        try:
+            finally:
+                admission.done()
             if submitted is not None:
                 await self._finish_writes(writes, await submitted)
         finally:

@@ -37,7 +37,10 @@ class DedupService:
             self.redis, key_prefix=prefix, max_producers=settings.max_producers_per_partition
         )
         self.policies = PolicyStore(
-            self.redis, Mode.ENABLED if settings.dedup else Mode.DISABLED, key_prefix=prefix
+            self.redis,
+            Mode.ENABLED if settings.dedup else Mode.DISABLED,
+            key_prefix=prefix,
+            cache_s=settings.policy_cache_s,
         )
         self.writer = IdempotentWriter(
             bootstrap, leader_of, timeout_s=settings.upstream_connect_timeout_s

@@ -71,6 +71,9 @@ class ProxySettings(BaseSettings):
     dedup_producer_header: str = Field(default="dedup.producer", min_length=1)
     dedup_sequence_header: str = Field(default="dedup.sequence", min_length=1)
     redis_key_prefix: str = Field(default="dedup", min_length=1)
+    policy_cache_s: float = Field(
+        default=1.0, ge=0, description="how long a proxy may use policies before re-reading"
+    )
     max_producers_per_partition: int = Field(default=10_000, gt=0)
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from dedup.engine import DedupEngine, produce_response
+from dedup.engine import Admission, DedupEngine, produce_response
 from proxy.schemas import decode_request_body, encode_body, response_header_is_flexible
 from proxy.topology import Endpoint
 from proxy.wire import FrameError, RequestHeader
@@ -33,11 +33,12 @@ class DedupProduceHandler:
             request = decode_request_body(0, header.api_version, payload, header.body_offset)
         except Exception as exc:
             raise FrameError(f"malformed produce request: {exc}") from exc
-        if not await self._engine.handles(request):
+        admission = await self._engine.admit(request)
+        if admission is None:
             return None
         # The write runs to its end even if the client goes away (its connection's tasks are
         # cancelled): the writer's sequences and the dedup state must not stop half-way.
-        task = asyncio.create_task(self._answer(header, request, broker))
+        task = asyncio.create_task(self._answer(header, request, admission, broker))
         self._running.add(task)
         task.add_done_callback(self._finished)
         return asyncio.shield(task)
@@ -47,8 +48,10 @@ class DedupProduceHandler:
         if not task.cancelled() and task.exception() is not None:
             log.error("produce through dedup failed", error=repr(task.exception()))
 
-    async def _answer(self, header: RequestHeader, request: Any, broker: Endpoint) -> bytes:
-        answers = await self._engine.produce(request, broker)
+    async def _answer(
+        self, header: RequestHeader, request: Any, admission: Admission, broker: Endpoint
+    ) -> bytes:
+        answers = await self._engine.produce(request, admission, broker)
         response = produce_response(header.api_version, answers, request)
         correlation = header.correlation_id.to_bytes(4, "big", signed=True)
         tagged = b"\x00" if response_header_is_flexible(0, header.api_version) else b""

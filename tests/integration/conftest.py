@@ -78,6 +78,9 @@ def dedup_proxy(
         env={
             "DEDUP_PROXY_REDIS": local_env.redis,
             "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
+            # Policies re-read for every request: the admission of pipelined requests
+            # must keep their order even when each one waits on Redis first.
+            "DEDUP_PROXY_POLICY_CACHE_S": "0",
         },
         log_path=dedup_proxy_log,
     )

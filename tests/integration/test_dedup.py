@@ -23,7 +23,7 @@ import kio.schema.produce.v9.request as produce_v9
 import kio.schema.produce.v9.response as produce_v9_response
 import pytest
 import redis.asyncio
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -108,9 +108,22 @@ def new_topic(bootstrap: str, config: dict[str, str] | None = None, partitions: 
         if len(found.partitions) == partitions and all(
             p.leader >= 0 and p.error is None for p in found.partitions.values()
         ):
-            return name
+            break
         assert time.monotonic() < deadline, f"{name} has no leaders yet"
         time.sleep(0.1)
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:  # ListOffsets answers only once each leader serves its partition
+        for partition in range(partitions):
+            while True:
+                try:
+                    probe.get_watermark_offsets(TopicPartition(name, partition), timeout=5)
+                    break
+                except KafkaException:
+                    assert time.monotonic() < deadline, f"{name}/{partition} is not served"
+                    time.sleep(0.1)
+    finally:
+        probe.close()
+    return name
 
 
 def send_all(producer: DedupProducer, topic: str, sequences: Sequence[int]) -> None:
@@ -351,6 +364,7 @@ def relayed(
             "DEDUP_PROXY_ADVERTISED_BROKER_PORT_BASE": str(RELAY_BROKER_BASE),
             "DEDUP_PROXY_REDIS": local_env.redis,
             "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
+            "DEDUP_PROXY_POLICY_CACHE_S": "0",  # see the dedup_proxy fixture
         },
         log_path=tmp_path_factory.mktemp("relayed") / "proxy.log",
     ).start()
@@ -590,3 +604,33 @@ def _bad_input_count(proxy: ProxyProcess) -> float:
         for line in proxy.metrics_text().splitlines()
         if line.startswith("dedup_bad_input_total{")
     )
+
+
+def test_pipelined_requests_of_one_producer_reach_the_log_in_order(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """Many requests in flight on one connection: each waits on Redis (policies re-read per
+    request in this fixture) yet none may overtake an earlier one, or the earlier one's
+    records would be dropped as old duplicates of the later ones."""
+    topic = new_topic(local_env.bootstrap)
+    requests, per_request = 200, 5
+    port = dedup_proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        frames = [
+            encode_request(
+                explicit_request(
+                    topic, [("p-pipelined", n * per_request + i) for i in range(per_request)]
+                ),
+                n,
+            )
+            for n in range(requests)
+        ]
+        sock.sendall(b"".join(frames))
+        answers = []
+        for _ in range(requests):
+            frame = _receive(sock, int.from_bytes(_receive(sock, 4), "big"))
+            answers.append(decode_response_body(0, 9, frame, 5).responses[0].partition_responses[0])
+    assert [a.error_code for a in answers] == [0] * requests
+    assert [a.base_offset for a in answers] == [n * per_request for n in range(requests)]
+    expected = [f"v{s}".encode() for s in range(requests * per_request)]
+    assert values(local_env.bootstrap, topic) == expected
