@@ -7,10 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from deploy.local import EnvInfo
 from proxy.launcher import ProxyProcess
+from tests.integration.topics import new_topic
 
 # Ports of the test proxy: away from the defaults (so a proxy run by hand stays usable) and
 # below the ephemeral range (so an outgoing connection cannot be holding them).
@@ -92,8 +93,7 @@ def dedup_proxy(
 @pytest.fixture
 def topic(local_env: EnvInfo) -> Iterator[str]:
     """A fresh single-partition topic, created directly on Kafka and deleted afterwards."""
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=-1)])[name].result(30)
+    name = new_topic(local_env.bootstrap)
     yield name
+    admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
     admin.delete_topics([name])[name].result(30)

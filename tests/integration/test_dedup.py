@@ -23,7 +23,7 @@ import kio.schema.produce.v9.request as produce_v9
 import kio.schema.produce.v9.response as produce_v9_response
 import pytest
 import redis.asyncio
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -45,6 +45,7 @@ from tests.integration.raw_requests import (
     record_batch,
 )
 from tests.integration.relay import Relay
+from tests.integration.topics import new_topic
 
 pytestmark = pytest.mark.integration
 
@@ -95,35 +96,6 @@ def assert_exactly_once_in_order(written: list[bytes], total: int) -> None:
         f"{len(duplicates)} duplicates {duplicates[:10]}, {len(missing)} missing, "
         f"{len(jumps)} jumps"
     )
-
-
-def new_topic(bootstrap: str, config: dict[str, str] | None = None, partitions: int = 1) -> str:
-    name = f"dd-{uuid.uuid4().hex[:12]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    topic = NewTopic(name, num_partitions=partitions, replication_factor=-1, config=config or {})
-    admin.create_topics([topic])[name].result(30)
-    deadline = time.monotonic() + 30
-    while True:  # the broker learns of new partitions a moment after the controller
-        found = admin.list_topics(name, timeout=30).topics[name]
-        if len(found.partitions) == partitions and all(
-            p.leader >= 0 and p.error is None for p in found.partitions.values()
-        ):
-            break
-        assert time.monotonic() < deadline, f"{name} has no leaders yet"
-        time.sleep(0.1)
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
-    try:  # ListOffsets answers only once each leader serves its partition
-        for partition in range(partitions):
-            while True:
-                try:
-                    probe.get_watermark_offsets(TopicPartition(name, partition), timeout=5)
-                    break
-                except KafkaException:
-                    assert time.monotonic() < deadline, f"{name}/{partition} is not served"
-                    time.sleep(0.1)
-    finally:
-        probe.close()
-    return name
 
 
 def send_all(producer: DedupProducer, topic: str, sequences: Sequence[int]) -> None:
