@@ -180,6 +180,7 @@ class DedupEngine:
             if submitted is not None:
                 await self._finish_writes(writes, await submitted)
         finally:
+            admission.done()  # also on any failure before the check: never block successors
             await self._release(work)
         answers = {}
         for item in work:
