@@ -129,6 +129,10 @@ class DedupEngine:
         """The partitions this engine has written to since it started."""
         return sorted(self._gates)
 
+    async def dedup_anywhere(self) -> bool:
+        """False when every topic has dedup disabled: Produce passes through undecoded."""
+        return (await self._policies.snapshot()).dedup_anywhere
+
     async def admit(self, request: Any) -> Admission | None:
         """Called as each Produce request arrives, in arrival order: None to forward it as
         is (transactional, or dedup disabled for every topic it writes), else its place in

@@ -44,6 +44,15 @@ class PolicySnapshot:
             return self.prefixes[max(matching, key=len)]
         return self.global_mode if self.global_mode is not None else self.default
 
+    @property
+    def dedup_anywhere(self) -> bool:
+        """Whether any topic at all can have dedup on (else Produce needs no decoding)."""
+        fallback = self.global_mode if self.global_mode is not None else self.default
+        return any(
+            mode is not Mode.DISABLED
+            for mode in (fallback, *self.prefixes.values(), *self.topics.values())
+        )
+
     def to_json(self) -> dict[str, object]:
         return {
             "default": self.default.value,

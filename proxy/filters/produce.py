@@ -29,6 +29,8 @@ class DedupProduceHandler:
         self, header: RequestHeader, payload: bytes, broker: Endpoint
     ) -> asyncio.Future[bytes] | None:
         """None: forward the request unchanged. Else the future of the answer payload."""
+        if not await self._engine.dedup_anywhere():
+            return None
         try:
             request = decode_request_body(0, header.api_version, payload, header.body_offset)
         except Exception as exc:

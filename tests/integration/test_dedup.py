@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import kio.schema.produce.v9.request as produce_v9
@@ -354,6 +354,16 @@ def cut_while(
         time.sleep(every_s)
 
 
+def run_with_cuts(relay: Relay, work: Callable[[], None], timeout_s: float = 180) -> None:
+    """Run ``work`` in a thread while the relay cuts every connection now and then."""
+    worker = threading.Thread(target=work)
+    relay.cuts = 0
+    worker.start()
+    cut_while(relay, worker)
+    worker.join(timeout_s)
+    assert not worker.is_alive(), "the producer did not finish"
+
+
 def test_idempotent_librdkafka_through_cut_connections(
     relayed: tuple[ProxyProcess, Relay], local_env: EnvInfo
 ) -> None:
@@ -390,11 +400,7 @@ def test_idempotent_librdkafka_through_cut_connections(
                 time.sleep(0.02)
         producer.flush(120)
 
-    sender = threading.Thread(target=produce)
-    relay.cuts = 0
-    sender.start()
-    cut_while(relay, sender)
-    sender.join(180)
+    run_with_cuts(relay, produce)
     assert relay.cuts > 0
     assert fatal == [] and errors == []
     assert_exactly_once_in_order(values(local_env.bootstrap, topic), total)
@@ -424,11 +430,7 @@ def test_dedup_producer_keeps_order_with_five_in_flight_through_cuts(
                 time.sleep(0.02)
         producer.flush(120)
 
-    sender = threading.Thread(target=produce)
-    relay.cuts = 0
-    sender.start()
-    cut_while(relay, sender)
-    sender.join(180)
+    run_with_cuts(relay, produce)
     assert relay.cuts > 0 and errors == []
     assert_exactly_once_in_order(values(local_env.bootstrap, topic), total)
 
