@@ -34,8 +34,8 @@ from dedup import metrics
 from dedup.batches import BadBatch, IdentityHeaders, IncomingBatch, build_batch, read_batches
 from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot, PolicyStore
-from dedup.state import DedupState, PartitionCheck, Status
-from dedup.writer import BatchToWrite, IdempotentWriter, WriteResult, now_ms
+from dedup.state import DedupState, PartitionCheck, Status, clock_ms
+from dedup.writer import BatchToWrite, IdempotentWriter, WriteResult
 from proxy.schemas import response_type
 from proxy.topology import Endpoint
 
@@ -242,13 +242,17 @@ class DedupEngine:
             if item.answer is None:
                 gate.pending += 1
                 item.checked = True
-        checked = [w for w in to_check if w.checked and w.identities]
-        if not checked:
+        # Each identity list walks every record of the partition: build it once.
+        pairs = [
+            (w, PartitionCheck(w.topic, w.partition, identities))
+            for w in to_check
+            if w.checked and (identities := w.identities)
+        ]
+        if not pairs:
             return
+        checked = [w for w, _ in pairs]
         try:
-            verdicts = await self._state.check_and_push(
-                [PartitionCheck(w.topic, w.partition, w.identities) for w in checked], now_ms()
-            )
+            verdicts = await self._state.check_and_push([c for _, c in pairs], clock_ms())
         except RedisError as exc:
             # The script may or may not have run: treat it like a failed write, so the
             # partition is reset (pushed := persisted) before anything else is accepted.

@@ -16,8 +16,7 @@ from collections.abc import Mapping
 import structlog
 from redis.exceptions import RedisError
 
-from dedup.state import DedupState
-from dedup.writer import now_ms
+from dedup.state import DedupState, clock_ms
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +56,7 @@ class PersistedRecorder:
             batch, self._pending = self._pending, {}
             try:
                 await self._state.mark_persisted(
-                    [(topic, partition, h) for (topic, partition), h in batch.items()], now_ms()
+                    [(topic, partition, h) for (topic, partition), h in batch.items()], clock_ms()
                 )
                 delay = self._retry_backoff_s
             except RedisError as exc:

@@ -13,8 +13,8 @@ import structlog
 from dedup.batches import IdentityHeaders
 from dedup.engine import DedupEngine
 from dedup.policies import Mode, PolicyStore
-from dedup.state import DedupState
-from dedup.writer import IdempotentWriter, LeaderLookup, now_ms
+from dedup.state import DedupState, clock_ms
+from dedup.writer import IdempotentWriter, LeaderLookup
 from proxy.config import ProxySettings
 from proxy.topology import Endpoint
 
@@ -79,7 +79,7 @@ class DedupService:
             await asyncio.sleep(min(PURGE_INTERVAL_S, self.settings.producer_idle_timeout_s))
             for topic, partition in self.engine.partitions():
                 try:
-                    purged = await self.state.purge_idle(topic, partition, now_ms() - idle_ms)
+                    purged = await self.state.purge_idle(topic, partition, clock_ms() - idle_ms)
                 except redis.RedisError as exc:
                     log.warning("idle producer purge failed", error=str(exc))
                     break

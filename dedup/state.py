@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -60,6 +61,12 @@ from typing import Any
 
 import redis.asyncio
 from redis.exceptions import NoScriptError
+
+
+def clock_ms() -> int:
+    """Wall-clock milliseconds: the ``now_ms`` the state's last-seen times are kept in."""
+    return int(time.time() * 1000)
+
 
 SEQUENCE_MIN = -(2**63)
 SEQUENCE_MAX = 2**63 - 1

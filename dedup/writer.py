@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -425,7 +424,3 @@ class IdempotentWriter:
         if state is None:
             state = self._partitions[key] = _Partition()
         return state
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

@@ -141,8 +141,7 @@ class ProxyServer:
         return None
 
     def _refresh_candidates(self) -> list[Endpoint]:
-        known = [e for n in sorted(self.topology.node_ids) if (e := self.topology.upstream(n))]
-        return list(dict.fromkeys([*self.topology.bootstrap, *known]))
+        return self.topology.known_upstreams()
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -182,9 +181,7 @@ class ProxyServer:
     async def _bootstrap_candidates(self) -> list[Endpoint]:
         bootstrap = self.topology.bootstrap
         start = next(self._bootstrap_rotation) % len(bootstrap)
-        rotated = bootstrap[start:] + bootstrap[:start]
-        known = [e for n in sorted(self.topology.node_ids) if (e := self.topology.upstream(n))]
-        return list(dict.fromkeys([*rotated, *known]))
+        return self.topology.known_upstreams(bootstrap[start:] + bootstrap[:start])
 
     def _broker_candidates(self, node_id: int) -> UpstreamResolver:
         async def resolve() -> list[Endpoint]:

@@ -79,6 +79,11 @@ class Topology:
     def node_ids(self) -> set[int]:
         return set(self._upstream)
 
+    def known_upstreams(self, first: list[Endpoint] | None = None) -> list[Endpoint]:
+        """``first`` (default: the bootstrap servers), then every known broker, no repeats."""
+        known = [self._upstream[n] for n in sorted(self._upstream)]
+        return list(dict.fromkeys([*(self.bootstrap if first is None else first), *known]))
+
     def upstream_hosts(self) -> set[bytes]:
         """Host names as they appear on the wire; a response without any needs no rewrite."""
         return {endpoint.host.encode() for endpoint in self._upstream.values()}
