@@ -159,7 +159,8 @@ class Row:
     added_p50_ms: float | None = None
     warmup_records: int = 0
     landed_records: int | None = None  # growth of the topic's end offsets (incl. warm-up)
-    missing_records: int | None = None  # sent (incl. warm-up) - landed: must be 0
+    missing_records: int | None = None  # sent (incl. warm-up) + markers - landed: must be 0
+    fence_markers: int = 0  # dedup: one transaction marker per partition recovery (fence)
     proxy_cpu_s: float | None = None  # CPU the proxy used for the whole measurement
     proxy_mb_per_cpu_s: float | None = None  # payload relayed (incl. warm-up) per CPU second
     produce_requests: int | None = None  # Produce requests the proxy received (incl. warm-up)
@@ -564,6 +565,9 @@ def verdict_metric(verdict: str) -> str:
     return f'dedup_records_total{{verdict="{verdict}"}}'
 
 
+RECOVERIES = 'dedup_recoveries_total{result="ok"}'
+
+
 class RedisStats:
     """Commands Redis ran, from INFO commandstats (cumulative since Redis started)."""
 
@@ -648,6 +652,9 @@ def record_deltas(row: Row, before: Snapshot, after: Snapshot, proxy: ProxyTarge
 
     row.produce_requests = delta(PRODUCE_REQUESTS)
     if proxy.target == DEDUP:
+        # Each recovery fences its partition with a transaction marker: one offset, no record.
+        row.fence_markers = delta(RECOVERIES)
+        row.missing_records += row.fence_markers
         row.checked_not_dup = delta(verdict_metric("not_dup"))
         row.checked_dup = delta(verdict_metric("dup"))
         row.checked_unknown = delta(verdict_metric("unknown"))
@@ -671,7 +678,7 @@ def check_row(row: Row, meta: dict[str, Any]) -> None:
     what = f"{row.case} round {row.round} {row.target}"
     sent = row.records + row.warmup_records
     failed = False
-    if row.landed_records is not None and row.landed_records != sent:
+    if row.landed_records is not None and row.landed_records != sent + row.fence_markers:
         failed = True
         lost = ""
         if row.landed_records < sent and row.errors == 0:
@@ -1051,7 +1058,7 @@ def extra_progress(row: Row) -> str:
     if row.errors:
         text += f"  [red]{row.errors} errors: {row.note}[/]"
     sent = row.records + row.warmup_records
-    if row.landed_records is not None and row.landed_records != sent:
+    if row.landed_records is not None and row.landed_records != sent + row.fence_markers:
         text += f"  [red]{row.landed_records} of {sent} records landed[/]"
     if row.checked_dup or row.checked_unknown:
         text += f"  [red]dup {row.checked_dup} unknown {row.checked_unknown}[/]"

@@ -9,6 +9,9 @@ DELETE /v1/policies/global
 PUT    /v1/policies/prefixes/{prefix}  {"mode": ...}     DELETE removes it
 PUT    /v1/policies/topics/{topic}     {"mode": ...}     DELETE removes it
 POST   /v1/producer-names                                          a unique producer name
+GET    /v1/snapshots              per partition this proxy writes: recovery, snapshot offset, age
+POST   /v1/topics/{topic}/partitions/{partition}/snapshot          take a snapshot now
+POST   /v1/topics/{topic}/partitions/{partition}/recover[?wait_s=N] recover from the log now
 
 A policy change that disables dedup for a topic clears that topic's dedup state.
 """
@@ -22,15 +25,28 @@ from aiohttp import web
 
 from dedup.policies import Mode, PolicySnapshot
 from dedup.service import DedupService
+from dedup.state import clock_ms
 
 PRODUCER_NAME_COUNTER = "producer-names"
+RECOVERY_WAIT_S = 60.0
 
 
 def add_dedup_routes(app: web.Application, service: DedupService) -> None:
     state, policies = service.state, service.policies
 
+    async def recovered(topic: str, partitions: list[int]) -> None:
+        """State reads after a crash are true only once the partitions are recovered."""
+        if (await policies.snapshot()).mode_for(topic) is Mode.DISABLED:
+            return
+        keys = [(topic, partition) for partition in partitions]
+        if not await service.engine.ensure_recovered(keys, RECOVERY_WAIT_S):
+            raise web.HTTPServiceUnavailable(
+                text=f"{topic} is still recovering its dedup state; retry"
+            )
+
     async def last_sequence(request: web.Request) -> web.Response:
         topic, partition, name = _topic(request), _partition(request), request.match_info["name"]
+        await recovered(topic, [partition])
         await service.engine.flush_persisted()
         producers = await state.producers(topic, partition)
         found = producers.get(name)
@@ -47,10 +63,12 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
 
     async def topic_last_sequence(request: web.Request) -> web.Response:
         topic, name = _topic(request), request.match_info["name"]
+        partitions = await service.topic_partitions(topic)
+        await recovered(topic, partitions)
         await service.engine.flush_persisted()
         per_partition = {
             partition: await state.last_sequence(topic, partition, name)
-            for partition in await state.partitions(topic)
+            for partition in sorted(set(partitions) | set(await state.partitions(topic)))
         }
         return web.json_response(
             {
@@ -105,6 +123,69 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
         number = await service.redis.incr(key)
         return web.json_response({"producer_name": f"dedup-proxy-{number}"})
 
+    async def list_snapshots(_: web.Request) -> web.Response:
+        now = clock_ms()
+        partitions = []
+        for (topic, partition), p in sorted(service.engine.partition_states().items()):
+            partitions.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "recovered": p.recovered,
+                    "snapshot_offset": p.snapshot_offset,
+                    "snapshot_age_s": None
+                    if p.snapshot_ms is None
+                    else round((now - p.snapshot_ms) / 1000, 3),
+                    "next_generation": p.snapshot_generation,
+                    "acknowledged_end": p.cursor.safe_end,
+                    "writes_unsettled": p.cursor.unsettled,
+                    "records_since_snapshot": p.cursor.records_settled - p.snapshot_records,
+                }
+            )
+        return web.json_response(
+            {"snapshot_topic": service.settings.snapshot_topic, "partitions": partitions}
+        )
+
+    async def snapshot_now(request: web.Request) -> web.Response:
+        topic, partition = _topic(request), _partition(request)
+        snapshot = await service.snapshotter.snapshot_now((topic, partition))
+        if snapshot is None:
+            raise web.HTTPConflict(
+                text=f"{topic}/{partition} is not recovered by this proxy (never written "
+                "through it, or recovering): nothing to snapshot"
+            )
+        return web.json_response(
+            {
+                "topic": topic,
+                "partition": partition,
+                "offset": snapshot.offset,
+                "generation": snapshot.generation,
+                "producers": len(snapshot.producers),
+            }
+        )
+
+    async def recover_now(request: web.Request) -> web.Response:
+        topic, partition = _topic(request), _partition(request)
+        try:
+            wait_s = float(request.query.get("wait_s", "120"))
+        except ValueError:
+            raise web.HTTPBadRequest(text="wait_s must be a number of seconds") from None
+        service.engine.request_recovery([(topic, partition)], "operator request")
+        if not await service.engine.wait_recovered([(topic, partition)], wait_s):
+            raise web.HTTPGatewayTimeout(
+                text=f"{topic}/{partition} is still recovering after {wait_s} s; see the logs"
+            )
+        state = service.engine.partition_states()[(topic, partition)]
+        return web.json_response(
+            {
+                "topic": topic,
+                "partition": partition,
+                "recovered": True,
+                "end": state.cursor.safe_end,
+                "snapshot_offset": state.snapshot_offset,
+            }
+        )
+
     base = "/v1/topics/{topic}"
     app.router.add_get(base + "/partitions/{partition}/producers/{name}", last_sequence)
     app.router.add_get(base + "/producers/{name}", topic_last_sequence)
@@ -114,6 +195,9 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
         app.router.add_route(method, "/v1/policies/global", set_policy)
         app.router.add_route(method, "/v1/policies/{kind}/{name}", set_policy)
     app.router.add_post("/v1/producer-names", new_producer_name)
+    app.router.add_get("/v1/snapshots", list_snapshots)
+    app.router.add_post(base + "/partitions/{partition}/snapshot", snapshot_now)
+    app.router.add_post(base + "/partitions/{partition}/recover", recover_now)
 
 
 async def _clear_newly_disabled(

@@ -1,4 +1,4 @@
-"""``dedup-proxy policy ...`` and ``dedup-proxy producers ...``: the admin API from a shell."""
+"""``dedup-proxy policy|producers|snapshots|snapshot|recover``: the admin API from a shell."""
 
 from __future__ import annotations
 
@@ -24,7 +24,13 @@ policy_app = typer.Typer(help="Read and change dedup policies (effective without
 console = Console()
 
 
-def _call(admin_url: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+def _call(
+    admin_url: str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    timeout_s: float = 30.0,
+) -> Any:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
         admin_url.rstrip("/") + path,
@@ -33,7 +39,7 @@ def _call(admin_url: str, method: str, path: str, body: dict[str, Any] | None = 
         headers={"Content-Type": "application/json"},
     )
     try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
             return json.load(answer)
     except urllib.error.HTTPError as exc:
         typer.echo(f"dedup-proxy: {exc.code} {exc.read().decode(errors='replace')}", err=True)
@@ -128,6 +134,57 @@ def producers(
             producer, str(state["pushed"]), str(state["persisted"]), str(state["last_seen_ms"])
         )
     console.print(table)
+
+
+def snapshots(admin_url: AdminUrl = DEFAULT_ADMIN_URL, json_output: bool = False) -> None:
+    """Per partition the proxy writes: recovered or not, latest snapshot offset and age."""
+    answer = _call(admin_url, "GET", "/v1/snapshots")
+    if json_output:
+        typer.echo(json.dumps(answer))
+        return
+    table = Table(title=f"snapshots (topic {answer['snapshot_topic']})")
+    columns = ("partition", "recovered", "snapshot offset", "age (s)", "acknowledged end")
+    for column in columns:
+        table.add_column(column)
+    for p in answer["partitions"]:
+        table.add_row(
+            f"{p['topic']}/{p['partition']}",
+            "yes" if p["recovered"] else "recovering",
+            "-" if p["snapshot_offset"] is None else str(p["snapshot_offset"]),
+            "-" if p["snapshot_age_s"] is None else f"{p['snapshot_age_s']:.1f}",
+            str(p["acknowledged_end"]),
+        )
+    console.print(table)
+
+
+def snapshot(
+    topic: Annotated[str, typer.Argument(help="the topic")],
+    partition: Annotated[int, typer.Argument(help="the partition")],
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+) -> None:
+    """Snapshot one partition's dedup state now."""
+    quoted = urllib.parse.quote(topic, safe="")
+    answer = _call(admin_url, "POST", f"/v1/topics/{quoted}/partitions/{partition}/snapshot")
+    typer.echo(
+        f"snapshot of {topic}/{partition} at offset {answer['offset']} "
+        f"(generation {answer['generation']}, {answer['producers']} producers)"
+    )
+
+
+def recover(
+    topic: Annotated[str, typer.Argument(help="the topic")],
+    partition: Annotated[int, typer.Argument(help="the partition")],
+    wait_s: Annotated[float, typer.Option(help="how long to wait for it")] = 120.0,
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+) -> None:
+    """Rebuild one partition's dedup state from its snapshot and log now."""
+    quoted = urllib.parse.quote(topic, safe="")
+    path = f"/v1/topics/{quoted}/partitions/{partition}/recover?wait_s={wait_s}"
+    answer = _call(admin_url, "POST", path, timeout_s=wait_s + 10)
+    typer.echo(
+        f"{topic}/{partition} recovered up to offset {answer['end']} "
+        f"(from snapshot offset {answer['snapshot_offset']})"
+    )
 
 
 def _scope(scope: str) -> str:

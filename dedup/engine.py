@@ -15,11 +15,17 @@ For one client Produce request:
    requests for that partition wait meanwhile, so none overtakes the retry.
 6. The client gets one answer per partition; where any record was dropped the base offset
    is -1, never a wrong one.
+
+Before a partition's first check in this process, and whenever its state cannot be
+trusted (Redis lost it, a write stayed ambiguous, an operator asked), the partition is
+recovered from the log (`dedup.recovery`): fence, snapshot, replay. Meanwhile its requests
+get NOT_LEADER_OR_FOLLOWER, which every client retries after refreshing metadata.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,8 +38,10 @@ from redis.exceptions import RedisError
 
 from dedup import metrics
 from dedup.batches import BadBatch, IdentityHeaders, IncomingBatch, build_batch, read_batches
+from dedup.partitions import AckCursor, PartitionState, _Ticket
 from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot, PolicyStore
+from dedup.recovery import Recovery
 from dedup.state import DedupState, PartitionCheck, Status, clock_ms
 from dedup.writer import BatchToWrite, IdempotentWriter, WriteResult
 from proxy.schemas import response_type
@@ -42,6 +50,10 @@ from proxy.topology import Endpoint
 log = structlog.get_logger(__name__)
 
 SETTLE_WAIT_S = 30.0
+RECOVERY_RETRY_S = (0.5, 30.0)  # first and longest pause before retrying a failed recovery
+RECOVERY_BATCH = 256  # partitions fenced together
+
+_Key = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,20 +63,6 @@ class PartitionAnswer:
     log_append_time_ms: int = -1
     log_start_offset: int = -1
     error_message: str | None = None
-
-
-@dataclass(slots=True)
-class _PartitionGate:
-    """Requests between their check and their outcome, and the reset after a failure."""
-
-    pending: int = 0
-    failed: bool = False
-    open: asyncio.Event = field(default_factory=asyncio.Event)
-    last_in_line: asyncio.Future[None] | None = None  # the latest admitted request's turn
-    taken_over: bool = False
-
-    def __post_init__(self) -> None:
-        self.open.set()
 
 
 @dataclass(slots=True)
@@ -94,6 +92,8 @@ class _Work:
     answer: PartitionAnswer | None = None
     dropped: int = 0
     checked: bool = False
+    token: str = ""  # the partition's recovery token when it was checked
+    ticket: _Ticket | None = None  # its place in the partition's AckCursor, once submitted
 
     @property
     def identities(self) -> list[tuple[str, int]]:
@@ -112,22 +112,38 @@ class DedupEngine:
         policies: PolicyStore,
         writer: IdempotentWriter,
         headers: IdentityHeaders,
+        recovery: Recovery,
     ) -> None:
         self._state = state
         self._policies = policies
         self._writer = writer
         self._headers = headers
-        self._gates: dict[tuple[str, int], _PartitionGate] = {}
-        self._resetting: set[asyncio.Task[None]] = set()
-        self._persisted = PersistedRecorder(state)
+        self._recovery = recovery
+        self._partitions: dict[_Key, PartitionState] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._persisted = PersistedRecorder(state, on_lost=self._state_lost)
+        self._recovery_queue: dict[_Key, str] = {}  # partition -> why
+        self._recovery_wakeup = asyncio.Event()
+        self._recovery_task: asyncio.Task[None] | None = None
+        self._recovered = asyncio.Condition()
 
     async def flush_persisted(self) -> None:
         """Wait until every acknowledged sequence is recorded in Redis."""
         await self._persisted.flush()
 
-    def partitions(self) -> list[tuple[str, int]]:
-        """The partitions this engine has written to since it started."""
-        return sorted(self._gates)
+    def partitions(self) -> list[_Key]:
+        """The partitions this engine has written to (or recovered) since it started."""
+        return sorted(self._partitions)
+
+    def partition_states(self) -> dict[_Key, PartitionState]:
+        """Each partition's in-memory state (for the snapshotter and the admin API)."""
+        return self._partitions
+
+    async def close(self) -> None:
+        if self._recovery_task is not None:
+            self._recovery_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recovery_task
 
     async def dedup_anywhere(self) -> bool:
         """False when every topic has dedup disabled: Produce passes through undecoded."""
@@ -148,7 +164,7 @@ class DedupEngine:
         admission = Admission(snapshot)
         for topic in request.topic_data:
             for part in topic.partition_data:
-                gate = self._gate_of((str(topic.name), int(part.index)))
+                gate = self._state_of((str(topic.name), int(part.index)))
                 if gate.last_in_line is not None and not gate.last_in_line.done():
                     admission.predecessors.append(gate.last_in_line)
                 turn_done: asyncio.Future[None] = loop.create_future()
@@ -229,22 +245,13 @@ class DedupEngine:
     async def _check(self, work: list[_Work]) -> None:
         to_check = [w for w in work if w.answer is None and w.mode is not Mode.DISABLED]
         for item in to_check:
-            gate = self._gate(item)
-            # After a failed write, wait for the reset: nothing may overtake the retry.
-            while not gate.open.is_set():
-                try:
-                    await asyncio.wait_for(gate.open.wait(), SETTLE_WAIT_S)
-                except TimeoutError:
-                    item.answer = _not_written("partition is recovering from a failed write")
-                    break
-            if item.answer is None and not gate.taken_over:
-                await self._take_over(item, gate)
+            await self._pass_gate(item)
             if item.answer is None:
-                gate.pending += 1
+                self._state_of_item(item).pending += 1
                 item.checked = True
         # Each identity list walks every record of the partition: build it once.
         pairs = [
-            (w, PartitionCheck(w.topic, w.partition, identities))
+            (w, PartitionCheck(w.topic, w.partition, identities, w.token))
             for w in to_check
             if w.checked and (identities := w.identities)
         ]
@@ -262,6 +269,10 @@ class DedupEngine:
                 item.answer = _not_written("dedup state unavailable")
             return
         for item, verdict in zip(checked, verdicts, strict=True):
+            if verdict.lost:
+                self._state_lost(item.topic, item.partition, item.token)
+                item.answer = _recovering()
+                continue
             if verdict.evicted:
                 metrics.EVICTIONS.inc(len(verdict.evicted))
                 log.info(
@@ -284,6 +295,24 @@ class DedupEngine:
                         item.dropped += 1
             metrics.RECORDS.labels("dup").inc(item.dropped)
             metrics.RECORDS.labels("not_dup").inc(len(verdict.statuses) - item.dropped)
+
+    async def _pass_gate(self, item: _Work) -> None:
+        """Wait while the partition settles a failed write; answer now while it recovers."""
+        state = self._state_of_item(item)
+        while True:
+            if not state.recovered:
+                self._request_recovery((item.topic, item.partition), "first use")
+                item.answer = _recovering()
+                return
+            if state.open.is_set():
+                item.token = state.token
+                return
+            # After a failed write, wait for the reset: nothing may overtake the retry.
+            try:
+                await asyncio.wait_for(state.open.wait(), SETTLE_WAIT_S)
+            except TimeoutError:
+                item.answer = _not_written("partition is recovering from a failed write")
+                return
 
     # ------------------------------------------------------------- 4. write
 
@@ -314,7 +343,11 @@ class DedupEngine:
             return [], None
         items = [item for item, _ in writes]
         try:
-            return items, await self._writer.submit(broker, [w for _, w in writes], timeout_ms)
+            submitted = await self._writer.submit(broker, [w for _, w in writes], timeout_ms)
+            for item in items:  # in submission order: the order of the partition's log
+                if item.checked:
+                    item.ticket = self._state_of_item(item).cursor.submitted()
+            return items, submitted
         except (OSError, TimeoutError) as exc:
             # Nothing was sent (the writer fails before assigning sequences): tell the
             # client to refresh metadata and retry, as a broker that went away would.
@@ -326,10 +359,15 @@ class DedupEngine:
             return items, failed
 
     async def _finish_writes(self, items: list[_Work], results: list[WriteResult]) -> None:
-        persisted: list[tuple[str, int, dict[str, int]]] = []
         for item, result in zip(items, results, strict=True):
+            written_records = 0
+            end_offset = None
             if result.written:
-                persisted.append((item.topic, item.partition, _highest_kept(item)))
+                written_records = sum(sum(keep) for keep in item.keep)
+                if result.base_offset >= 0:
+                    end_offset = result.base_offset + written_records
+                if item.checked:
+                    self._persisted.add(item.topic, item.partition, _highest_kept(item), item.token)
                 item.answer = PartitionAnswer(
                     base_offset=result.base_offset if item.dropped == 0 else -1,
                     log_append_time_ms=result.log_append_time_ms,
@@ -337,9 +375,11 @@ class DedupEngine:
                 )
             else:
                 self._fail(item)
+                if result.unresolved:  # only the log can tell: fence, then replay
+                    self._request_recovery((item.topic, item.partition), "a write stayed ambiguous")
                 item.answer = PartitionAnswer(result.error_code, error_message=result.error_message)
-        for topic, partition, highest in persisted:
-            self._persisted.add(topic, partition, highest)
+            if item.ticket is not None:
+                self._state_of_item(item).cursor.settled(item.ticket, end_offset, written_records)
 
     # ------------------------------------------------------------- 5. settle
 
@@ -347,55 +387,176 @@ class DedupEngine:
         for item in work:
             if not item.checked:
                 continue
-            gate = self._gate(item)
-            gate.pending -= 1
-            if gate.failed and gate.pending == 0:
-                gate.failed = False
-                task = asyncio.create_task(self._reset(item.topic, item.partition, gate))
-                self._resetting.add(task)
-                task.add_done_callback(self._resetting.discard)
-
-    async def _take_over(self, item: _Work, gate: _PartitionGate) -> None:
-        """The first write to a partition since this proxy started: whatever was pushed but
-        not persisted belongs to writes that died with an earlier proxy process, so the
-        client's re-sends of them must be accepted again (pushed := persisted)."""
-        try:
-            await self._state.reset_pushed(item.topic, item.partition)
-        except RedisError as exc:
-            log.error("dedup state unavailable; refusing the request", error=str(exc))
-            item.answer = _not_written("dedup state unavailable")
-            return
-        gate.taken_over = True
+            state = self._state_of_item(item)
+            if item.ticket is not None and item.answer is None:
+                # Cancelled between submit and outcome: never leave the cursor stuck.
+                state.cursor.settled(item.ticket, None, 0)
+            state.pending -= 1
+            if state.pending == 0 and state.failed:
+                state.failed = False
+                if state.recovered:  # else the recovery under way rebuilds pushed anyway
+                    self._spawn(self._reset(item.topic, item.partition, state))
 
     def _fail(self, item: _Work) -> None:
-        gate = self._gate(item)
-        gate.failed = True
-        gate.open.clear()
+        state = self._state_of_item(item)
+        state.failed = True
+        state.open.clear()
 
-    async def _reset(self, topic: str, partition: int, gate: _PartitionGate) -> None:
+    async def _reset(self, topic: str, partition: int, state: PartitionState) -> None:
         """Every write that passed the check has its outcome: forget what was pushed but
         never persisted, so the client's retry is accepted. Retried until Redis answers."""
         delay = 0.1
         while True:
             try:
                 await self._persisted.flush()  # persisted must be complete before the reset
-                await self._state.reset_pushed(topic, partition)
+                still_held = await self._state.reset_pushed(topic, partition, state.token)
                 break
             except RedisError as exc:
                 log.warning("partition reset failed; retrying", topic=topic, error=str(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        gate.open.set()
+        if not still_held:
+            self._state_lost(topic, partition, state.token)
+        state.open.set()
         log.info("partition reset after a failed write", topic=topic, partition=partition)
 
-    def _gate(self, item: _Work) -> _PartitionGate:
-        return self._gate_of((item.topic, item.partition))
+    # ------------------------------------------------------------- recovery
 
-    def _gate_of(self, key: tuple[str, int]) -> _PartitionGate:
-        gate = self._gates.get(key)
-        if gate is None:
-            gate = self._gates[key] = _PartitionGate()
-        return gate
+    def _state_lost(self, topic: str, partition: int, token: str) -> None:
+        """Redis no longer holds the state this process recovered: recover it again."""
+        state = self._partitions.get((topic, partition))
+        if state is None or not state.recovered or state.token != token:
+            return  # already being recovered
+        log.error(
+            "dedup state lost (Redis flushed, restarted empty or replaced); recovering",
+            topic=topic,
+            partition=partition,
+        )
+        self._request_recovery((topic, partition), "state lost")
+
+    def request_recovery(self, partitions: list[_Key], reason: str) -> None:
+        """Recover these partitions (again): start-up, operator request."""
+        for key in partitions:
+            self._request_recovery(key, reason)
+
+    async def ensure_recovered(self, partitions: list[_Key], timeout_s: float) -> bool:
+        """Recover those not recovered yet, and wait: a state read (last sequence id) after
+        a crash is only true once the log's tail has been replayed."""
+        for key in partitions:
+            if not self._state_of(key).recovered:
+                self._request_recovery(key, "state read")
+        return await self.wait_recovered(partitions, timeout_s)
+
+    async def wait_recovered(self, partitions: list[_Key], timeout_s: float) -> bool:
+        """Whether every one of these partitions is recovered within the timeout."""
+
+        def done() -> bool:
+            return all(self._state_of(key).recovered for key in partitions)
+
+        async with self._recovered:
+            try:
+                await asyncio.wait_for(self._recovered.wait_for(done), timeout_s)
+            except TimeoutError:
+                return False
+        return True
+
+    def _request_recovery(self, key: _Key, reason: str) -> None:
+        state = self._state_of(key)
+        if key in self._recovery_queue:
+            return
+        if state.recovered:
+            state.recovered = False
+            state.open.set()  # waiters see `recovered` is False and answer at once
+        self._recovery_queue[key] = reason
+        metrics.RECOVERING.set(len(self._recovery_queue))
+        self._recovery_wakeup.set()
+        if self._recovery_task is None or self._recovery_task.done():
+            self._recovery_task = asyncio.create_task(self._recover_loop(), name="recovery")
+
+    async def _recover_loop(self) -> None:
+        """Recover queued partitions in batches (one fence per batch), retrying failures."""
+        pause = RECOVERY_RETRY_S[0]
+        batch_limit = RECOVERY_BATCH
+        while True:
+            await self._recovery_wakeup.wait()
+            self._recovery_wakeup.clear()
+            await asyncio.sleep(0.01)  # let requests arriving together join one batch
+            # A partition recovers once its own writes have settled (they are in the log
+            # then, or never will be); nothing new is checked meanwhile.
+            ready = [k for k in self._recovery_queue if self._state_of(k).pending == 0]
+            ready = ready[:batch_limit]
+            if not ready:
+                if self._recovery_queue:
+                    await asyncio.sleep(0.05)
+                    self._recovery_wakeup.set()
+                continue
+            log.info(
+                "recovering partitions",
+                partitions=[f"{t}/{p}" for t, p in ready],
+                reasons=sorted({self._recovery_queue[k] for k in ready}),
+            )
+            try:
+                recovered, failed = await self._recovery.run(ready)
+                batch_limit = RECOVERY_BATCH
+            except Exception as exc:  # the fence or the end offsets: the whole batch failed
+                recovered, failed = {}, {key: exc for key in ready}
+                batch_limit = 1  # one bad partition (a deleted topic) must not block the rest
+            for key, result in recovered.items():
+                state = self._state_of(key)
+                state.token = result.token
+                state.cursor = AckCursor(result.end)
+                state.snapshot_generation = result.next_generation
+                state.snapshot_offset = None if result.snapshot is None else result.snapshot.offset
+                state.snapshot_ms = None if result.snapshot is None else result.snapshot.created_ms
+                state.snapshot_records = 0
+                state.snapshot_due = result.snapshot is None or result.snapshot.offset < result.end
+                state.failed = False
+                state.recovered = True
+                state.open.set()
+                del self._recovery_queue[key]
+                metrics.RECOVERIES.labels("ok").inc()
+            for key, error in failed.items():
+                metrics.RECOVERIES.labels("failed").inc()
+                log.error(
+                    "partition recovery failed; retrying",
+                    topic=key[0],
+                    partition=key[1],
+                    error=f"{type(error).__name__}: {error}",
+                    retry_in_s=pause,
+                )
+            metrics.RECOVERING.set(len(self._recovery_queue))
+            async with self._recovered:
+                self._recovered.notify_all()
+            if failed:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RECOVERY_RETRY_S[1])
+            else:
+                pause = RECOVERY_RETRY_S[0]
+            if self._recovery_queue:
+                self._recovery_wakeup.set()
+
+    # ------------------------------------------------------------- plumbing
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _state_of_item(self, item: _Work) -> PartitionState:
+        return self._state_of((item.topic, item.partition))
+
+    def _state_of(self, key: _Key) -> PartitionState:
+        state = self._partitions.get(key)
+        if state is None:
+            state = self._partitions[key] = PartitionState()
+        return state
+
+
+def _recovering() -> PartitionAnswer:
+    return PartitionAnswer(
+        ErrorCode.not_leader_or_follower,
+        error_message="the partition's dedup state is being recovered; retry",
+    )
 
 
 def _not_written(message: str) -> PartitionAnswer:

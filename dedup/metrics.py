@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge, Histogram
 
 RECORDS = Counter(
     "dedup_records_total",
@@ -15,4 +15,28 @@ BAD_INPUT = Counter(
 EVICTIONS = Counter(
     "dedup_producer_evictions_total",
     "Producers evicted because a partition tracked its maximum number of producers",
+)
+SNAPSHOTS = Counter(
+    "dedup_snapshots_total", "Snapshots of a partition's dedup state, by result", ["result"]
+)
+SNAPSHOT_AGE = Gauge(
+    "dedup_snapshot_age_seconds",
+    "Age of the oldest latest snapshot among the partitions this proxy has recovered",
+)
+CORRUPT_SNAPSHOTS = Counter(
+    "dedup_snapshots_corrupt_total", "Snapshot records found unreadable during a recovery"
+)
+RECOVERIES = Counter(
+    "dedup_recoveries_total",
+    "Partition recoveries (fence + snapshot + replay), by result",
+    ["result"],
+)
+RECOVERY_SECONDS = Histogram(
+    "dedup_recovery_seconds",
+    "Time to recover one partition: fence, snapshot read, replay and Redis load",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
+)
+REPLAYED_RECORDS = Counter("dedup_replayed_records_total", "Records read by recovery replays")
+RECOVERING = Gauge(
+    "dedup_partitions_recovering", "Partitions whose produce requests wait for a recovery"
 )

@@ -5,13 +5,17 @@ The client's answer does not wait for Redis: acknowledged sequences are queued, 
 requests share one round trip and the hot path keeps a single Redis round trip (the
 check). Until a flush lands, a re-send of an acknowledged record reads as UNKNOWN
 (refused, retried), never as new; every reader that needs the exact value (the reset
-after a failed write, the admin API, shutdown) calls `flush` first.
+after a failed write, the admin API, shutdown, a snapshot) calls `flush` first.
+
+Each update carries the partition's recovery token. If Redis no longer holds it (flushed,
+restarted empty, replaced), nothing is recorded and `on_lost` is told: the recovery that
+follows reads those sequences back from the log, which holds them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import structlog
 from redis.exceptions import RedisError
@@ -21,20 +25,30 @@ from dedup.state import DedupState, clock_ms
 log = structlog.get_logger(__name__)
 
 
+_Key = tuple[str, int, str]  # topic, partition, token ("" = any)
+
+
 class PersistedRecorder:
-    def __init__(self, state: DedupState, retry_backoff_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        state: DedupState,
+        retry_backoff_s: float = 0.1,
+        on_lost: Callable[[str, int, str], None] | None = None,
+    ) -> None:
         self._state = state
         self._retry_backoff_s = retry_backoff_s
-        self._pending: dict[tuple[str, int], dict[str, int]] = {}
+        self._on_lost = on_lost
+        self._pending: dict[_Key, dict[str, int]] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def add(self, topic: str, partition: int, highest: Mapping[str, int]) -> None:
-        """Queue ``persisted[p] = max(persisted[p], s)`` for each producer of a write."""
+    def add(self, topic: str, partition: int, highest: Mapping[str, int], token: str = "") -> None:
+        """Queue ``persisted[p] = max(persisted[p], s)`` for each producer of a write, if
+        the partition still holds `token`."""
         if not highest:
             return
-        self._merge({(topic, partition): dict(highest)})
+        self._merge({(topic, partition, token): dict(highest)})
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_all(), name="persisted-flusher")
 
@@ -42,7 +56,7 @@ class PersistedRecorder:
         """Return once everything added so far is in Redis."""
         await self._idle.wait()
 
-    def _merge(self, updates: Mapping[tuple[str, int], Mapping[str, int]]) -> None:
+    def _merge(self, updates: Mapping[_Key, Mapping[str, int]]) -> None:
         self._idle.clear()
         for key, highest in updates.items():
             merged = self._pending.setdefault(key, {})
@@ -54,9 +68,15 @@ class PersistedRecorder:
         delay = self._retry_backoff_s
         while self._pending:
             batch, self._pending = self._pending, {}
+            keys = list(batch)
             try:
-                await self._state.mark_persisted(
-                    [(topic, partition, h) for (topic, partition), h in batch.items()], clock_ms()
+                lost = await self._state.mark_persisted(
+                    [
+                        (topic, partition, batch[(topic, partition, t)])
+                        for topic, partition, t in keys
+                    ],
+                    clock_ms(),
+                    [token or None for _, _, token in keys],
                 )
                 delay = self._retry_backoff_s
             except RedisError as exc:
@@ -65,4 +85,8 @@ class PersistedRecorder:
                 self._merge(batch)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            if self._on_lost is not None:
+                for i in lost:
+                    self._on_lost(*keys[i])
         self._idle.set()

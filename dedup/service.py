@@ -9,10 +9,14 @@ from typing import cast
 
 import redis.asyncio
 import structlog
+from confluent_kafka.admin import AdminClient
 
 from dedup.batches import IdentityHeaders
 from dedup.engine import DedupEngine
 from dedup.policies import Mode, PolicyStore
+from dedup.recovery import Recovery
+from dedup.snapshots import SnapshotError, SnapshotStore
+from dedup.snapshotter import SnapshotPolicy, Snapshotter
 from dedup.state import DedupState, clock_ms
 from dedup.writer import IdempotentWriter, LeaderLookup
 from proxy.config import ProxySettings
@@ -31,6 +35,7 @@ class DedupService:
         leader_of: LeaderLookup,
     ) -> None:
         self.settings = settings
+        self._leader_of = leader_of
         self.redis = redis.asyncio.from_url(settings.redis)
         prefix = settings.redis_key_prefix
         self.state = DedupState(
@@ -43,15 +48,43 @@ class DedupService:
             cache_s=settings.policy_cache_s,
         )
         self.writer = IdempotentWriter(
-            bootstrap, leader_of, timeout_s=settings.upstream_connect_timeout_s
+            bootstrap,
+            leader_of,
+            f"dedup-proxy-{settings.effective_instance_id}",
+            timeout_s=settings.upstream_connect_timeout_s,
+            ambiguous_give_up_s=settings.ambiguous_write_give_up_s,
         )
+        upstream = ",".join(settings.upstream)
+        self.snapshots = SnapshotStore(
+            upstream, settings.snapshot_topic, partitions=settings.snapshot_topic_partitions
+        )
+        headers = IdentityHeaders(settings.dedup_producer_header, settings.dedup_sequence_header)
         self.engine = DedupEngine(
             self.state,
             self.policies,
             self.writer,
-            IdentityHeaders(settings.dedup_producer_header, settings.dedup_sequence_header),
+            headers,
+            Recovery(
+                self.writer,
+                self.snapshots,
+                self.state,
+                upstream,
+                headers,
+                max_producers=settings.max_producers_per_snapshot,
+                replay_timeout_s=settings.replay_timeout_s,
+            ),
         )
-        self._purge_task: asyncio.Task[None] | None = None
+        self.snapshotter = Snapshotter(
+            self.engine,
+            self.state,
+            self.snapshots,
+            SnapshotPolicy(
+                every_records=settings.snapshot_every_records,
+                every_s=settings.snapshot_every_s,
+                max_producers=settings.max_producers_per_snapshot,
+            ),
+        )
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         try:
@@ -59,19 +92,76 @@ class DedupService:
         except redis.RedisError as exc:
             # Not fatal: produce requests are refused (retriable) until Redis answers.
             log.error("Redis not reachable at start", redis=self.settings.redis, error=str(exc))
-        self._purge_task = asyncio.create_task(self._purge_loop(), name="purge-idle-producers")
+        self._tasks = [
+            asyncio.create_task(self._purge_loop(), name="purge-idle-producers"),
+            asyncio.create_task(self._prepare(), name="prepare-dedup"),
+        ]
+        self.snapshotter.start()
 
     async def close(self) -> None:
         try:
             await asyncio.wait_for(self.engine.flush_persisted(), 10)
         except TimeoutError:
             log.error("shutting down with acknowledged sequences not yet recorded in Redis")
-        if self._purge_task is not None:
-            self._purge_task.cancel()
+        try:  # so the next start has little to replay
+            await asyncio.wait_for(self.snapshotter.snapshot_changed(), 10)
+        except TimeoutError:
+            log.warning("shutting down before every changed partition was snapshotted")
+        await self.snapshotter.close()
+        await self.engine.close()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._purge_task
+                await task
         await self.writer.close()
+        await self.snapshots.close()
         await self.redis.aclose()
+
+    async def topic_partitions(self, topic: str) -> list[int]:
+        """The topic's partitions as Kafka reports them (empty: no such topic)."""
+
+        def ask() -> list[int]:
+            admin = AdminClient(
+                {
+                    "bootstrap.servers": ",".join(self.settings.upstream),
+                    "allow.auto.create.topics": False,  # asking must not create it
+                }
+            )
+            found = admin.list_topics(topic, timeout=10).topics.get(topic)
+            if found is None or found.error is not None:
+                return []
+            return sorted(found.partitions)
+
+        return await asyncio.to_thread(ask)
+
+    async def _prepare(self) -> None:
+        """The snapshot topic, then the recovery of every partition Redis knows of (the
+        rest recover on first use), so the partitions in use are ready before producers
+        come back after a restart."""
+        delay = 1.0
+        while True:
+            try:
+                await self.snapshots.ensure_topic()
+                break
+            except SnapshotError as exc:
+                log.error("cannot create the snapshot topic; retrying", error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
+        try:
+            policies = await self.policies.snapshot()
+            candidates = [
+                (topic, partition)
+                for topic in await self.state.topics()
+                if policies.mode_for(topic) is not Mode.DISABLED
+                for partition in await self.state.partitions(topic)
+            ]
+        except redis.RedisError as exc:
+            log.warning("cannot list the partitions to recover at start", error=str(exc))
+            return
+        # State of deleted topics may linger in Redis: recover only what Kafka serves.
+        known = [key for key in candidates if await self._leader_of(*key) is not None]
+        if known:
+            self.engine.request_recovery(known, "proxy start")
 
     async def _purge_loop(self) -> None:
         idle_ms = int(self.settings.producer_idle_timeout_s * 1000)

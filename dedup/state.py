@@ -32,8 +32,13 @@ engine calls `reset_pushed` (``pushed := persisted``, the retry is NOT_DUP).
 How it is stored and run:
 
 - Keys ``<prefix>:{<topic>/<partition>}:pushed`` and ``:persisted`` (hashes producer ->
-  sequence) and ``:seen`` (sorted set producer -> last seen ms). The ``{...}`` hash tag puts a
-  partition's three keys in one Redis Cluster slot, so one Lua script can use them atomically.
+  sequence), ``:seen`` (sorted set producer -> last seen ms) and ``:token``. The ``{...}`` hash
+  tag puts a partition's keys in one Redis Cluster slot, so one Lua script can use them
+  atomically.
+- ``:token`` is written by the recovery that loaded the partition (`load_recovered`) and
+  passed back by the engine on every call. A flushed, restarted-empty or replaced Redis does
+  not hold it, so the scripts answer "lost" and change nothing: the proxy notices the loss on
+  its next call instead of trusting empty maps, and recovers the partition from the log.
 - ``<prefix>:{<topic>}:partitions`` is a set of the partitions that may have state, written in
   the same round trip as the state (before it), so `partitions` needs no SCAN. It lives in
   another slot, so it is not updated atomically with the state: it may name a partition whose
@@ -87,19 +92,22 @@ class PartitionCheck:
     topic: str
     partition: int
     identities: Sequence[tuple[str, int]]
+    token: str | None = None  # the recovery token the state must hold; None: any
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionVerdict:
     """The check of one partition batch."""
 
-    statuses: tuple[Status, ...]  # one per identity, same order
+    statuses: tuple[Status, ...]  # one per identity, same order; empty when lost
     evicted: tuple[str, ...]  # producers evicted to make room (max_producers)
+    lost: bool = False  # the token did not match: nothing checked, the partition must recover
 
     @property
     def refused(self) -> bool:
-        """Some record is UNKNOWN: nothing was updated, the batch must be retried later."""
-        return Status.UNKNOWN in self.statuses
+        """Nothing was updated, the batch must be retried later: some record is UNKNOWN,
+        or the state was lost."""
+        return self.lost or Status.UNKNOWN in self.statuses
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +174,7 @@ class DedupState:
         """
         calls: list[_Call] = []
         for check in checks:
-            args = [str(now_ms), str(self._max_producers)]
+            args = [str(now_ms), str(self._max_producers), check.token or ""]
             for producer, sequence in check.identities:
                 args += (producer, _sequence(sequence))
             calls.append((_CHECK, self._keys(check.topic, check.partition), args))
@@ -176,6 +184,9 @@ class DedupState:
         verdicts = []
         for check, reply in zip(checks, replies, strict=True):
             statuses, *evicted = reply
+            if _text(statuses) == "lost":
+                verdicts.append(PartitionVerdict((), (), lost=True))
+                continue
             verdict = PartitionVerdict(
                 tuple(Status(int(digit)) for digit in _text(statuses)),
                 tuple(_text(producer) for producer in evicted),
@@ -185,29 +196,39 @@ class DedupState:
         return verdicts
 
     async def mark_persisted(
-        self, updates: Sequence[tuple[str, int, Mapping[str, int]]], now_ms: int
-    ) -> None:
+        self,
+        updates: Sequence[tuple[str, int, Mapping[str, int]]],
+        now_ms: int,
+        tokens: Sequence[str | None] | None = None,
+    ) -> list[int]:
         """Kafka acknowledged: per (topic, partition, {producer: highest acknowledged seq}),
-        persisted[p] = max(persisted[p], seq) and pushed[p] >= persisted[p]. One round trip."""
+        persisted[p] = max(persisted[p], seq) and pushed[p] >= persisted[p]. One round trip.
+        `tokens` (one per update, None = any) are the recovery tokens the partitions must
+        hold; returns the indexes of the updates whose token no longer matched: nothing was
+        recorded there, their state was lost."""
+        tokens = tokens or [None] * len(updates)
         calls: list[_Call] = []
-        for topic, partition, persisted in updates:
-            args = [str(now_ms)]
+        for (topic, partition, persisted), token in zip(updates, tokens, strict=True):
+            args = [str(now_ms), token or ""]
             for producer, sequence in persisted.items():
                 args += (producer, _sequence(sequence))
             calls.append((_PERSIST, self._keys(topic, partition), args))
-        await self._run(calls, self._note_partitions((t, p) for t, p, _ in updates))
+        replies = await self._run(calls, self._note_partitions((t, p) for t, p, _ in updates))
+        return [i for i, done in enumerate(replies) if not done]
 
-    async def reset_pushed(self, topic: str, partition: int) -> None:
+    async def reset_pushed(self, topic: str, partition: int, token: str | None = None) -> bool:
         """pushed := persisted (Pulsar's resetHighestSequenceIdPushed): after a write that
-        definitely failed, once the partition's in-flight writes have settled."""
-        pushed, persisted, _ = self._keys(topic, partition)
-        await self._run([(_RESET, (pushed, persisted), [])])
+        definitely failed, once the partition's in-flight writes have settled. False when
+        the token no longer matched (state lost): nothing was changed."""
+        pushed, persisted, _, token_key = self._keys(topic, partition)
+        (done,) = await self._run([(_RESET, (pushed, persisted, token_key), [token or ""])])
+        return bool(done)
 
     # -- reading ----------------------------------------------------------------------------
 
     async def last_sequence(self, topic: str, partition: int, producer: str) -> int:
         """persisted[producer] on this partition, -1 when unknown (Pulsar's getLastSequenceId)."""
-        _, persisted, _ = self._keys(topic, partition)
+        persisted = self._keys(topic, partition)[1]
         pipe = self._redis.pipeline(transaction=False)
         pipe.hget(persisted, producer)
         (value,) = await pipe.execute()
@@ -215,7 +236,7 @@ class DedupState:
 
     async def producers(self, topic: str, partition: int) -> dict[str, ProducerState]:
         """Every producer the partition tracks, with its pushed, persisted and last seen."""
-        pushed_key, persisted_key, seen_key = self._keys(topic, partition)
+        pushed_key, persisted_key, seen_key, _ = self._keys(topic, partition)
         pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
         pipe.hgetall(pushed_key)
         pipe.hgetall(persisted_key)
@@ -289,21 +310,62 @@ class DedupState:
     async def load_persisted(
         self, topic: str, partition: int, persisted: Mapping[str, int], now_ms: int
     ) -> None:
-        """Recovery: both maps become `persisted` (pushed = persisted). Known producers keep
-        their last-seen time, new ones get now_ms, producers missing from the map go."""
-        args = [str(now_ms)]
-        for producer, sequence in persisted.items():
-            args += (producer, _sequence(sequence))
+        """Both maps become `persisted` (pushed = persisted). Known producers keep their
+        last-seen time, new ones get now_ms, producers missing from the map go."""
+        await self._load(topic, partition, {p: (s, None) for p, s in persisted.items()}, now_ms, "")
+
+    async def load_recovered(
+        self,
+        topic: str,
+        partition: int,
+        producers: Mapping[str, tuple[int, int]],
+        token: str,
+        now_ms: int,
+    ) -> None:
+        """Recovery: both maps become {producer: (sequence, last seen ms)} (pushed =
+        persisted), a producer's last seen is the later of the given and the known one, and
+        the partition takes `token`: calls made with an older token answer "lost"."""
+        if not token:
+            raise ValueError("a recovery token must not be empty")
+        await self._load(topic, partition, dict(producers), now_ms, token)
+
+    async def recovered_view(
+        self, topic: str, partition: int, token: str
+    ) -> dict[str, tuple[int, int]] | None:
+        """{producer: (persisted sequence, last seen ms)} read atomically, for a snapshot;
+        None when the partition no longer holds `token` (state lost or recovered by another)."""
+        _, persisted_key, seen_key, token_key = self._keys(topic, partition)
+        pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
+        pipe.get(token_key)
+        pipe.hgetall(persisted_key)
+        pipe.zrange(seen_key, 0, -1, withscores=True)
+        found, persisted_raw, seen_raw = await pipe.execute()
+        if found is None or _text(found) != token:
+            return None
+        seen = {_text(p): int(ms) for p, ms in seen_raw}
+        return {_text(p): (int(s), seen.get(_text(p), 0)) for p, s in persisted_raw.items()}
+
+    async def _load(
+        self,
+        topic: str,
+        partition: int,
+        producers: Mapping[str, tuple[int, int | None]],
+        now_ms: int,
+        token: str,
+    ) -> None:
+        args = [str(now_ms), token]
+        for producer, (sequence, seen_ms) in producers.items():
+            args += (producer, _sequence(sequence), "" if seen_ms is None else str(seen_ms))
         calls: list[_Call] = [(_LOAD, self._keys(topic, partition), args)]
         await self._run(calls, self._note_partitions([(topic, partition)]))
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _keys(self, topic: str, partition: int) -> tuple[str, str, str]:
+    def _keys(self, topic: str, partition: int) -> tuple[str, str, str, str]:
         if partition < 0:
             raise ValueError(f"partition must be >= 0: {partition}")
         base = f"{self._prefix}:{{{topic}/{partition}}}"
-        return f"{base}:pushed", f"{base}:persisted", f"{base}:seen"
+        return f"{base}:pushed", f"{base}:persisted", f"{base}:seen", f"{base}:token"
 
     def _partitions_key(self, topic: str) -> str:
         return f"{self._prefix}:{{{topic}}}:partitions"

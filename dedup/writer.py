@@ -12,7 +12,12 @@ five batches in flight per partition), so Kafka itself
 Outcomes are therefore binary. ``written``: the batch is in the log exactly once.
 ``not written``: it is not, and never will be; the caller may let the client retry.
 An ambiguous write is retried, in sequence order behind its predecessors, until Kafka
-gives one of those two answers.
+gives one of those two answers, or until ``ambiguous_give_up_s``: then the result is
+``unresolved`` and the caller must fence the partition and recover it from the log
+(`fence`), since only the log can say what happened.
+
+The producer id comes from `dedup.fencing.Fencer` (a transactional id per proxy instance),
+so a restarted proxy can fence every write its previous incarnation left in flight.
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import kio.schema.init_producer_id.v4.request as init_pid
 import kio.schema.produce.v11.request as produce_request
 import structlog
 from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
+from dedup.fencing import Fencer, ProducerIdentity
 from proxy.topology import Endpoint
 from proxy.upstream_client import LinkClosed, UpstreamClient
 
@@ -91,20 +96,19 @@ class WriteResult:
     log_append_time_ms: int = -1
     log_start_offset: int = -1
     error_message: str | None = None
+    unresolved: bool = False  # gave up: maybe written; fence and recover the partition
 
 
 @dataclass(eq=False, slots=True)
 class _InFlight:
     sequence: int
     batch: bytes
-    resolved: asyncio.Future[bool]  # True: written, False: definitely not written
+    resolved: asyncio.Future[bool]  # True: written, False: not written or unresolved
     previous: _InFlight | None  # the batch before it in the partition, while unresolved
+    unresolved: bool = False  # given up on: maybe written
 
 
-@dataclass(slots=True)
-class _Producer:
-    producer_id: int
-    epoch: int
+_Producer = ProducerIdentity
 
 
 @dataclass(slots=True)
@@ -128,13 +132,16 @@ class IdempotentWriter:
         self,
         bootstrap: Callable[[], Sequence[Endpoint]],
         leader_of: LeaderLookup,
+        transactional_id: str,
         timeout_s: float = 30.0,
         retry_backoff_s: float = 0.2,
+        ambiguous_give_up_s: float = 120.0,
     ) -> None:
-        self._bootstrap = bootstrap
         self._leader_of = leader_of
         self._timeout_s = timeout_s
         self._retry_backoff_s = retry_backoff_s
+        self._give_up_s = ambiguous_give_up_s
+        self.fencer = Fencer(transactional_id, bootstrap, leader_of, self._link)
         self._links: dict[Endpoint, UpstreamClient] = {}
         self._link_locks: dict[Endpoint, asyncio.Lock] = {}
         self._partitions: dict[tuple[str, int], _Partition] = {}
@@ -271,7 +278,11 @@ class IdempotentWriter:
 
     async def _predecessor_failed(self, partition: _Partition, entry: _InFlight) -> bool:
         """Whether the batch sent just before this one (same partition) is not in the log."""
-        return entry.previous is not None and not await entry.previous.resolved
+        previous = entry.previous
+        return previous is not None and not await previous.resolved and not previous.unresolved
+
+    def _predecessor_unresolved(self, entry: _InFlight) -> bool:
+        return entry.previous is not None and entry.previous.unresolved
 
     async def _resolve_ambiguous(
         self, batch: BatchToWrite, partition: _Partition, entry: _InFlight
@@ -280,10 +291,15 @@ class IdempotentWriter:
         if await self._predecessor_failed(partition, entry):
             # Kafka refuses a batch whose predecessor is missing: this one cannot be there.
             return WriteResult(written=False, error_code=ErrorCode.not_enough_replicas)
+        if self._predecessor_unresolved(entry):
+            return self._give_up(batch, partition, entry, attempts=0)
         attempt = 0
+        give_up_at = asyncio.get_running_loop().time() + self._give_up_s
         while True:
             attempt += 1
             await asyncio.sleep(min(self._retry_backoff_s * attempt, 5.0))
+            if asyncio.get_running_loop().time() > give_up_at:
+                return self._give_up(batch, partition, entry, attempt)
             leader = await self._leader_of(batch.topic, batch.partition)
             if leader is None:
                 continue
@@ -313,6 +329,27 @@ class IdempotentWriter:
                     sequence=entry.sequence,
                     attempts=attempt,
                 )
+
+    def _give_up(
+        self, batch: BatchToWrite, partition: _Partition, entry: _InFlight, attempts: int
+    ) -> WriteResult:
+        log.error(
+            "write still ambiguous; giving up, the partition must be fenced and recovered",
+            topic=batch.topic,
+            partition=batch.partition,
+            sequence=entry.sequence,
+            attempts=attempts,
+        )
+        entry.unresolved = True
+        # No later batch may follow this sequence chain: what Kafka holds is known only
+        # after a fence and a replay.
+        partition.needs_new_producer = True
+        return WriteResult(
+            written=False,
+            error_code=ErrorCode.not_leader_or_follower,
+            error_message="not known whether written; the partition is recovering",
+            unresolved=True,
+        )
 
     def _finish(self, partition: _Partition, entry: _InFlight, written: bool) -> None:
         if not entry.resolved.done():
@@ -380,31 +417,24 @@ class IdempotentWriter:
         """A producer id this partition has not used yet (Kafka starts it at sequence 0)."""
         async with self._producer_lock:
             if self._producer is None or self._producer == previous:
-                self._producer = await self._init_producer_id()
+                self._producer = await self.fencer.new_epoch()
             return self._producer
 
-    async def _init_producer_id(self) -> _Producer:
-        request = init_pid.InitProducerIdRequest(
-            transactional_id=None,
-            transaction_timeout=i32Timedelta.parse(datetime.timedelta(minutes=1)),
-        )
-        while True:
-            for endpoint in self._bootstrap():
-                try:
-                    link = await self._link(endpoint)
-                    response = await link.request(request)
-                except (OSError, TimeoutError):
-                    continue
-                if response.error_code == ErrorCode.none:
-                    producer = _Producer(int(response.producer_id), int(response.producer_epoch))
-                    log.info(
-                        "upstream producer id",
-                        producer_id=producer.producer_id,
-                        epoch=producer.epoch,
-                    )
-                    return producer
-                log.warning("InitProducerId failed", error=ErrorCode(response.error_code).name)
-            await asyncio.sleep(self._retry_backoff_s)
+    async def fence(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """Make every earlier write to these partitions final (see `dedup.fencing`): once
+        their own writes have settled, bump the epoch, mark it into each partition, and
+        continue them under the new epoch from sequence 0. Raises FenceError."""
+        states = [self._partition(topic, partition) for topic, partition in partitions]
+        for state in states:
+            while state.in_flight:
+                await asyncio.gather(*(entry.resolved for entry in list(state.in_flight)))
+        async with self._producer_lock:
+            self._producer = await self.fencer.fence(partitions)
+            for state in states:
+                state.producer = self._producer
+                state.next_sequence = 0
+                state.rewind_to = None
+                state.needs_new_producer = False
 
     async def _link(self, endpoint: Endpoint) -> UpstreamClient:
         link = self._links.get(endpoint)

@@ -157,10 +157,14 @@ def kill_redis() -> None:
 
 
 @local_app.command("start-redis")
-def start_redis() -> None:
+def start_redis(
+    empty: Annotated[
+        bool, typer.Option(help="start with no data (a stopped Redis loses its data)")
+    ] = False,
+) -> None:
     """Start Redis and wait until it answers PING."""
     try:
-        _env().start_redis()
+        _env().start_redis(empty=empty)
     except (LocalEnvError, MissingRuntimeError) as exc:
         raise _fail(exc) from exc
     out.print("redis up")

@@ -323,10 +323,13 @@ class LocalEnvironment:
             wait_port_closed(HOST, state.redis_port, 10.0)
             return killed
 
-    def start_redis(self, timeout: float = 30.0) -> None:
-        """Start Redis (if it is not running) and wait until it answers PING."""
+    def start_redis(self, timeout: float = 30.0, empty: bool = False) -> None:
+        """Start Redis (if it is not running) and wait until it answers PING. ``empty``:
+        a stopped Redis loses its data first (a replaced or wiped Redis, for fault tests)."""
         with self._locked():
             state = self._require_state()
+            if empty and not self._redis_process().is_running():
+                _remove(self.redis_dir / "data")
             self._ensure_redis(state)
             self._wait_for_redis(state, time.monotonic() + timeout)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from dedup.cli import policy_app, producers
+from dedup.cli import policy_app, producers, recover, snapshot, snapshots
 from deploy.cli import local_app
 from proxy.config import ConfigError, load_settings
 from proxy.logs import configure_logging
@@ -21,6 +21,9 @@ app = typer.Typer(
 app.add_typer(local_app, name="local", help="The local Kafka + Redis the project runs on.")
 app.add_typer(policy_app, name="policy", help="Read and change dedup policies.")
 app.command("producers")(producers)
+app.command("snapshots")(snapshots)
+app.command("snapshot")(snapshot)
+app.command("recover")(recover)
 
 
 @app.command()

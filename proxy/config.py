@@ -76,6 +76,26 @@ class ProxySettings(BaseSettings):
     )
     max_producers_per_partition: int = Field(default=10_000, gt=0)
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
+    instance_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="stable name of this proxy instance: a restart with the same name fences "
+        "the writes its previous run left in flight (default: from the listen address)",
+    )
+    snapshot_topic: str = Field(default="__dedup_snapshots", pattern=r"^[A-Za-z0-9._-]+$")
+    snapshot_topic_partitions: int = Field(default=1, gt=0)
+    snapshot_every_records: int = Field(default=1000, gt=0)
+    snapshot_every_s: float = Field(default=120.0, gt=0)
+    max_producers_per_snapshot: int = Field(default=10_000, gt=0)
+    ambiguous_write_give_up_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="after this long an ambiguous upstream write is given up on, and its "
+        "partition fenced and recovered from the log",
+    )
+    replay_timeout_s: float = Field(
+        default=60.0, gt=0, description="a replay that makes no progress this long fails"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
 
@@ -126,6 +146,14 @@ class ProxySettings(BaseSettings):
             return self.advertised_host
         host = self.listen_endpoint.host
         return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+    @property
+    def effective_instance_id(self) -> str:
+        """The transactional id root of the upstream writer (see dedup.fencing)."""
+        if self.instance_id:
+            return self.instance_id
+        listen = self.listen_endpoint
+        return f"{self.effective_advertised_host}-{listen.port}"
 
     @property
     def effective_broker_port_base(self) -> int:

@@ -1,12 +1,17 @@
 -- check_and_push for ONE topic-partition: classify every record of a batch, then either write
 -- nothing (some record is Unknown: the batch is refused) or raise pushed[p] and last-seen.
 --
--- KEYS: pushed (hash), persisted (hash), seen (zset producer -> last seen ms)
--- ARGV: now_ms, max_producers, then producer, sequence for every record in batch order
+-- KEYS: pushed (hash), persisted (hash), seen (zset producer -> last seen ms), token (string)
+-- ARGV: now_ms, max_producers, token, then producer, sequence for every record in batch order
 -- Returns { statuses, evicted producer... }; statuses holds one digit per record:
--- "0" NotDup, "1" Dup, "2" Unknown.
+-- "0" NotDup, "1" Dup, "2" Unknown. Returns { "lost" } and changes nothing when a token is
+-- given and the partition's token differs: its state was lost or replaced since the caller
+-- recovered it, so no answer from it can be trusted.
 local pushed_key, persisted_key, seen_key = KEYS[1], KEYS[2], KEYS[3]
 local now, max_producers = ARGV[1], tonumber(ARGV[2])
+if not token_matches(KEYS[4], ARGV[3]) then
+    return { 'lost' }
+end
 
 local before = {}    -- producer -> pushed[p] when the batch started (false: none)
 local pushed = {}    -- producer -> pushed[p] as raised by this batch so far (false: none)
@@ -15,7 +20,7 @@ local producers = {} -- producers in order of first appearance
 local statuses = {}
 local refused = false
 
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
     local p, s = ARGV[i], ARGV[i + 1]
     if before[p] == nil then
         before[p] = redis.call('HGET', pushed_key, p)

@@ -1,7 +1,12 @@
 -- reset_pushed for ONE topic-partition: pushed := persisted (Pulsar's
 -- resetHighestSequenceIdPushed), after a write that definitely failed has settled.
 --
--- KEYS: pushed, persisted
+-- KEYS: pushed, persisted, token
+-- ARGV: token ("" = any)
+-- Returns 1, or 0 without changing anything when the token does not match (state lost).
+if not token_matches(KEYS[3], ARGV[1]) then
+    return 0
+end
 redis.call('DEL', KEYS[1])
 redis.call('COPY', KEYS[2], KEYS[1])
-return 0
+return 1

@@ -24,3 +24,9 @@ local function seq_cmp(a, b)
     end
     return 0
 end
+
+-- token_matches(key, token): "" accepts any state; otherwise the partition's token key must
+-- hold exactly `token` (a flushed or replaced Redis has none, or another one).
+local function token_matches(key, token)
+    return token == '' or redis.call('GET', key) == token
+end

@@ -1,4 +1,4 @@
-"""A producer that keeps writing 0, 1, 2, ... in the background while a test breaks things."""
+"""Producers that keep writing 0, 1, 2, ... in the background while a test breaks things."""
 
 from __future__ import annotations
 
@@ -9,14 +9,49 @@ from typing import Any
 from confluent_kafka import KafkaError, Producer
 
 
-class BackgroundProducer:
+class _BackgroundLoad:
+    """A sending thread, and the delivery reports it got: `_send_all` is the load."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.errors: list[KafkaError] = []
+        self.delivered = 0
+        self._thread = threading.Thread(target=self._send_all, daemon=True)
+
+    def start(self) -> Any:
+        self._thread.start()
+        return self
+
+    def wait_delivered(self, count: int, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.delivered < count:
+            assert time.monotonic() < deadline, f"only {self.delivered} of {count} delivered"
+            time.sleep(0.02)
+
+    def join(self, timeout_s: float = 240) -> None:
+        """Wait for the end; every record must have been acknowledged, none failed."""
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the producer did not finish"
+        assert self.errors == []
+        assert self.delivered == self.expected
+
+    def _on_delivery(self, err: KafkaError | None, _message: object) -> None:
+        if err is not None:
+            self.errors.append(err)
+        else:
+            self.delivered += 1
+
+    def _send_all(self) -> None:
+        raise NotImplementedError
+
+
+class BackgroundProducer(_BackgroundLoad):
     """Idempotent confluent-kafka producer writing ``str(i)`` for i in 0..total-1, paced."""
 
     def __init__(self, bootstrap: str, topic: str, total: int, **config: Any) -> None:
+        super().__init__(total)
         self.topic = topic
         self.total = total
-        self.errors: list[KafkaError] = []
-        self.delivered = 0
         self._producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
@@ -27,34 +62,54 @@ class BackgroundProducer:
                 **config,
             }
         )
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> BackgroundProducer:
-        self._thread.start()
-        return self
-
-    def wait_delivered(self, count: int, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.delivered < count:
-            assert time.monotonic() < deadline, f"only {self.delivered} of {count} delivered"
-            time.sleep(0.05)
-
-    def join(self, timeout_s: float = 240) -> None:
-        """Wait for the end; every record must have been acknowledged, none failed."""
-        self._thread.join(timeout_s)
-        assert not self._thread.is_alive(), "the producer did not finish"
-        assert self.errors == []
-        assert self.delivered == self.total
-
-    def _on_delivery(self, err: KafkaError | None, _message: object) -> None:
-        if err is not None:
-            self.errors.append(err)
-        else:
-            self.delivered += 1
-
-    def _run(self) -> None:
+    def _send_all(self) -> None:
         for index in range(self.total):
             self._producer.produce(self.topic, str(index).encode(), on_delivery=self._on_delivery)
             self._producer.poll(0)
             time.sleep(0.001)
+        self._producer.flush(180)
+
+
+class SequencedProducer(_BackgroundLoad):
+    """A DedupProducer writing str(i) with explicit sequence id i for i in start..total-1,
+    paced; its own retries carry unacknowledged records over a fault."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        name: str,
+        total: int,
+        start: int = 0,
+        per_second: int = 5000,
+        **config: Any,
+    ) -> None:
+        from dedup.client import DedupProducer  # the product's own client
+
+        super().__init__(total - start)
+        self.topic = topic
+        self.total = total
+        self.start_at = start
+        self.per_second = per_second
+        self._producer = DedupProducer(
+            bootstrap,
+            name,
+            **{"reconnect.backoff.max.ms": 500, "linger.ms": 2, **config},
+        )
+
+    def finish(self, timeout_s: float = 60) -> int:
+        """Wait for the sending thread and the deliveries it can still make; the number
+        of records that failed (for producers that are allowed to give up)."""
+        self._thread.join(timeout_s)
+        self._producer.flush(timeout_s)
+        return len(self.errors)
+
+    def _send_all(self) -> None:
+        for index in range(self.start_at, self.total):
+            self._producer.send(
+                self.topic, str(index).encode(), sequence_id=index, on_delivery=self._on_delivery
+            )
+            if index % 50 == 0:
+                time.sleep(50 / self.per_second)  # paced, so a fault lands mid-stream
         self._producer.flush(180)

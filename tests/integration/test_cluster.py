@@ -12,14 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from deploy import paths
 from deploy.config import Ports
 from deploy.local import EnvInfo, LocalEnvironment
 from proxy.launcher import ProxyProcess
-from tests.integration.load import BackgroundProducer
+from tests.integration.load import BackgroundProducer, SequencedProducer
 from tests.integration.test_clients import consume_confluent
+from tests.integration.test_dedup import assert_exactly_once_in_order, values
+from tests.integration.topics import new_topic
 
 pytestmark = pytest.mark.integration
 
@@ -49,23 +51,35 @@ def wait_until(condition: object, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout_s}s waiting until {what}")
 
 
-def test_leader_killed_under_load_clients_follow_through_the_proxy(
-    three_brokers: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
-) -> None:
-    environment, info = three_brokers
-    topic = f"ha-{uuid.uuid4().hex[:10]}"
+def replicated_topic(info: EnvInfo) -> tuple[str, int]:
+    """A topic with replication factor 3, and its partition's leader."""
+    topic = new_topic(info.bootstrap, replication_factor=3)  # returns once it has a leader
     admin = AdminClient({"bootstrap.servers": info.bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=3)])[topic].result(60)
-    leader = admin.list_topics(topic, timeout=30).topics[topic].partitions[0].leader
+    return topic, admin.list_topics(topic, timeout=30).topics[topic].partitions[0].leader
 
-    proxy = ProxyProcess(
+
+def cluster_proxy(info: EnvInfo, log_dir: Path) -> ProxyProcess:
+    """The proxy in front of the three brokers, dedup on, state of this test only."""
+    return ProxyProcess(
         upstream=info.bootstrap,
         listen_port=PROXY_LISTEN,
         admin_port=PROXY_ADMIN,
         extra_args=["--broker-port-base", str(PROXY_BROKER_BASE)],
-        env={"DEDUP_PROXY_METADATA_REFRESH_S": "1"},
-        log_path=tmp_path / "proxy.log",
+        env={
+            "DEDUP_PROXY_METADATA_REFRESH_S": "1",
+            "DEDUP_PROXY_REDIS": info.redis,
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"ha-{uuid.uuid4().hex[:8]}",
+        },
+        log_path=log_dir / "proxy.log",
     ).start()
+
+
+def test_leader_killed_under_load_clients_follow_through_the_proxy(
+    three_brokers: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
+) -> None:
+    environment, info = three_brokers
+    topic, leader = replicated_topic(info)
+    proxy = cluster_proxy(info, tmp_path)
     try:
         assert listeners(proxy) == {0, 1, 2}
         total = 4000
@@ -78,5 +92,28 @@ def test_leader_killed_under_load_clients_follow_through_the_proxy(
         producer.join()
         values = [m.value() for m in consume_confluent(proxy.bootstrap, topic, total)]
         assert values == [str(i).encode() for i in range(total)]
+    finally:
+        assert proxy.stop() == 0
+
+
+def test_leader_killed_under_load_explicit_identities_exactly_once(
+    three_brokers: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
+) -> None:
+    """The dedup path through a leader failover: writes in flight to the dying leader are
+    resolved by the proxy's idempotent writer, re-sends are dropped, nothing is lost."""
+    environment, info = three_brokers
+    topic, leader = replicated_topic(info)
+    proxy = cluster_proxy(info, tmp_path)
+    try:
+        total = 6000
+        load = SequencedProducer(proxy.bootstrap, topic, "p-failover", total).start()
+        load.wait_delivered(total // 4)
+        environment.kill_broker(leader)
+        load.wait_delivered(total // 2, timeout_s=120)  # continues on the new leader
+        environment.start_broker(leader)
+        load.join()
+        resend = SequencedProducer(proxy.bootstrap, topic, "p-failover", total, start=total // 3)
+        resend.start().join()  # a blind re-send of two thirds: all duplicates
+        assert_exactly_once_in_order(values(info.bootstrap, topic), total)
     finally:
         assert proxy.stop() == 0

@@ -347,6 +347,41 @@ async def test_load_persisted_replaces_both_maps(state: DedupState) -> None:
     assert await state.producers("orders", 0) == {}
 
 
+async def test_the_recovery_token_detects_a_flushed_or_replaced_state(
+    state: DedupState, redis_port: int
+) -> None:
+    await state.load_recovered("orders", 0, {"p": (4, 500)}, "token-1", now_ms=900)
+    assert await state.producers("orders", 0) == {"p": ProducerState(4, 4, 500)}
+    assert await state.recovered_view("orders", 0, "token-1") == {"p": (4, 500)}
+    checked = await state.check_and_push(
+        [PartitionCheck("orders", 0, [("p", 4), ("p", 5)], "token-1")], 1_000
+    )
+    assert checked[0].statuses == (DUP, NOT_DUP) and not checked[0].lost
+    assert await state.mark_persisted([("orders", 0, {"p": 5})], 1_000, ["token-1"]) == []
+    # Another recovery (or another Redis) holds the partition now: nothing is trusted.
+    await state.load_recovered("orders", 0, {"p": (5, 600)}, "token-2", now_ms=900)
+    stale = await state.check_and_push([PartitionCheck("orders", 0, [("p", 9)], "token-1")], 1_000)
+    assert stale[0].lost and stale[0].refused and stale[0].statuses == ()
+    assert await state.mark_persisted([("orders", 0, {"p": 9})], 1_000, ["token-1"]) == [0]
+    assert not await state.reset_pushed("orders", 0, "token-1")
+    assert await state.recovered_view("orders", 0, "token-1") is None
+    assert await state.producers("orders", 0) == {"p": ProducerState(5, 5, 1_000)}, "unchanged"
+    # A flushed Redis holds no token at all.
+    redis.Redis(port=redis_port).flushdb()
+    (lost,) = await state.check_and_push([PartitionCheck("orders", 0, [("p", 1)], "token-2")], 1)
+    assert lost.lost
+    assert await state.producers("orders", 0) == {}, "a lost check writes nothing"
+
+
+async def test_load_recovered_keeps_the_later_last_seen_time(state: DedupState) -> None:
+    await check(state, [("p", 1), ("q", 1)], now_ms=700)
+    await state.load_recovered("orders", 0, {"p": (3, 500), "q": (2, 800)}, "t", now_ms=900)
+    assert await state.producers("orders", 0) == {
+        "p": ProducerState(3, 3, 700),
+        "q": ProducerState(2, 2, 800),
+    }
+
+
 # -- 64-bit sequences -------------------------------------------------------------------------
 
 

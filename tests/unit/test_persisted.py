@@ -23,13 +23,17 @@ class FakeState:
         self.fail_first = fail_first
 
     async def mark_persisted(
-        self, updates: Sequence[tuple[str, int, Mapping[str, int]]], now_ms: int
-    ) -> None:
+        self,
+        updates: Sequence[tuple[str, int, Mapping[str, int]]],
+        now_ms: int,
+        tokens: Sequence[str | None] | None = None,
+    ) -> list[int]:
         await self.gate.wait()
         if self.fail_first:
             self.fail_first = False
             raise RedisConnectionError("down")
         self.calls.append([(t, p, dict(h)) for t, p, h in updates])
+        return []
 
 
 def test_updates_queued_during_a_flush_share_the_next_round_trip() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
+from dedup.fencing import ProducerIdentity
 from dedup.writer import SEQUENCE_WRAP, BatchToWrite, IdempotentWriter
 from proxy.topology import Endpoint
 from proxy.upstream_client import LinkClosed
@@ -51,11 +52,6 @@ class FakeLink:
             answer.set_result(_response(parts, int(step)))
         return answer
 
-    async def request(self, request: Any) -> Any:  # InitProducerId
-        return SimpleNamespace(
-            error_code=ErrorCode.none, producer_id=self.producer_ids.popleft(), producer_epoch=0
-        )
-
     async def close(self) -> None:
         self.is_open = False
 
@@ -87,13 +83,41 @@ def _response(parts: list[tuple[str, int]], code: int) -> Any:
     )
 
 
+@dataclass
+class FakeFencer:
+    """Hands out the link's producer ids as InitProducerId would; records fences."""
+
+    link: FakeLink
+    fenced: list[list[tuple[str, int]]] = field(default_factory=list)
+
+    async def new_epoch(self) -> ProducerIdentity:
+        return ProducerIdentity(self.link.producer_ids.popleft(), 0)
+
+    async def fence(self, partitions: Any) -> ProducerIdentity:
+        self.fenced.append(sorted(partitions))
+        return await self.new_epoch()
+
+
 class ScriptedWriter(IdempotentWriter):
-    def __init__(self, link: FakeLink, leader: Callable[[], Endpoint | None] = lambda: BROKER):
+    def __init__(
+        self,
+        link: FakeLink,
+        leader: Callable[[], Endpoint | None] = lambda: BROKER,
+        give_up_s: float = 120.0,
+    ):
         async def leader_of(topic: str, partition: int) -> Endpoint | None:
             return leader()
 
-        super().__init__(lambda: [BROKER], leader_of, timeout_s=1.0, retry_backoff_s=0.001)
+        super().__init__(
+            lambda: [BROKER],
+            leader_of,
+            "test-instance",
+            timeout_s=1.0,
+            retry_backoff_s=0.001,
+            ambiguous_give_up_s=give_up_s,
+        )
         self.link = link
+        self.fencer = FakeFencer(link)  # type: ignore[assignment]
 
     async def _link(self, endpoint: Endpoint) -> Any:
         return self.link
@@ -200,3 +224,34 @@ def test_partitions_have_their_own_sequences() -> None:
     sent = run(scenario())
     # Each request lists partitions in order: p0, p1, then p0 (10), p1 (7).
     assert [s for s, _ in sent] == [0, 0, 10, 7]
+
+
+def test_a_write_ambiguous_past_the_give_up_time_is_unresolved_and_so_is_its_successor() -> None:
+    async def scenario() -> tuple[list[Any], int]:
+        link = FakeLink(script=deque([DROP] * 1000))  # every attempt is cut
+        writer = ScriptedWriter(link, give_up_s=0.05)
+        first = await writer.submit(BROKER, [batch(10)], 1000)
+        second = await writer.submit(BROKER, [batch(10)], 1000)
+        results = [(await first)[0], (await second)[0]]
+        return results, len(link.sent)
+
+    results, _ = run(scenario())
+    assert [r.written for r in results] == [False, False]
+    assert [r.unresolved for r in results] == [True, True], "maybe written: never 'not written'"
+    assert {r.error_code for r in results} == {ErrorCode.not_leader_or_follower}
+
+
+def test_fence_continues_the_partitions_under_the_new_epoch_from_sequence_zero() -> None:
+    async def scenario() -> tuple[list[tuple[int, int]], list[list[tuple[str, int]]]]:
+        link = FakeLink()
+        writer = ScriptedWriter(link)
+        await writer.write(BROKER, [batch(10, partition=0), batch(3, partition=1)], 1000)
+        await writer.fence([("t", 0)])
+        await writer.write(BROKER, [batch(5, partition=0), batch(2, partition=1)], 1000)
+        fenced = writer.fencer.fenced  # type: ignore[attr-defined]
+        return [(producer, sequence) for producer, sequence, _ in link.sent], fenced
+
+    sent, fenced = run(scenario())
+    assert fenced == [[("t", 0)]]
+    # p0 restarts at 0 under the fenced identity; p1 goes on under its own.
+    assert sent == [(100, 0), (100, 0), (200, 0), (100, 3)]

@@ -1,0 +1,82 @@
+"""What the engine keeps in memory per topic-partition it writes.
+
+- The gate between a request's check and its outcome (a failed write closes it until
+  ``pushed`` is reset), and the place in line of the latest admitted request.
+- Recovery: whether the partition's dedup state has been rebuilt from the log by this
+  proxy process (``recovered``), and the token that proves Redis still holds that state.
+- The acknowledgement cursor (`AckCursor`): the offset a snapshot may claim to cover.
+- Snapshot bookkeeping for `dedup.snapshotter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class _Ticket:
+    done: bool = False
+    end_offset: int | None = None  # one past the write's last offset; None: unknown or none
+    records: int = 0
+
+
+class AckCursor:
+    """The offset below which every write this proxy submitted to a partition is settled.
+
+    Writes are submitted in log order (the proxy is the partition's idempotent producer),
+    but their outcomes are handled in any order. A snapshot may only say "covers every
+    record below O" for an O below which no write is still unsettled, so ``safe_end`` moves
+    over a contiguous prefix of settled writes only: an ambiguous write holds it back until
+    it resolves. A write settled with an unknown offset (Kafka said: duplicate of an earlier
+    append) lies below the next known one, so it does not hold the cursor back.
+    """
+
+    def __init__(self, start: int) -> None:
+        self.safe_end = start
+        self.records_settled = 0  # written records passed over since the partition recovered
+        self._tickets: deque[_Ticket] = deque()
+
+    def submitted(self) -> _Ticket:
+        """A write was submitted (call in submission order)."""
+        ticket = _Ticket()
+        self._tickets.append(ticket)
+        return ticket
+
+    def settled(self, ticket: _Ticket, end_offset: int | None, records: int) -> None:
+        """The write has its outcome: ``end_offset`` None when not written or unknown."""
+        ticket.done, ticket.end_offset, ticket.records = True, end_offset, records
+        while self._tickets and self._tickets[0].done:
+            first = self._tickets.popleft()
+            if first.end_offset is not None:
+                self.safe_end = max(self.safe_end, first.end_offset)
+            self.records_settled += first.records
+
+    @property
+    def unsettled(self) -> int:
+        return len(self._tickets)
+
+
+@dataclass(slots=True)
+class PartitionState:
+    pending: int = 0  # requests between their check and their outcome
+    failed: bool = False  # a write failed: reset pushed once pending reaches 0
+    open: asyncio.Event = field(default_factory=asyncio.Event)
+    last_in_line: asyncio.Future[None] | None = None  # the latest admitted request's turn
+
+    recovered: bool = False  # the state was rebuilt from the log by this process
+    token: str = ""  # proves Redis holds the state this process recovered
+    cursor: AckCursor = field(default_factory=lambda: AckCursor(0))
+
+    snapshot_generation: int = 0  # of the next snapshot
+    snapshot_offset: int | None = None  # of the latest snapshot known (taken or recovered)
+    snapshot_ms: int | None = None  # when that snapshot was taken
+    snapshot_records: int = 0  # cursor.records_settled covered by the latest snapshot
+    snapshot_due: bool = False  # right after a recovery that replayed a tail
+    snapshot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one at a time
+    snapshot_failures: int = 0  # in a row, for the retry backoff
+    snapshot_retry_at: float = 0.0  # monotonic time before which no retry is made
+
+    def __post_init__(self) -> None:
+        self.open.set()

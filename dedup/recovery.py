@@ -1,0 +1,249 @@
+"""Rebuilding a partition's dedup state from Kafka: PIP-6's recovery, on a Kafka log.
+
+For a set of partitions, in this order:
+
+1. Fence (`IdempotentWriter.fence`): every write an earlier incarnation of this proxy left
+   in flight is now either below the high watermark or never in the log.
+2. Read each partition's end (high watermark): final, by 1.
+3. Read the stored snapshots (`dedup.snapshots`): the newest readable one whose offset is
+   not past the end (a snapshot past the end belongs to a log that has since been
+   truncated, so it is not trusted); none: replay from the start of the log.
+4. Replay [snapshot offset, end) reading each record's identity headers (`dedup.replay`).
+5. Merge (highest sequence and latest last-seen per producer), keep the most recently
+   seen ``max_producers``, and load it into Redis as both maps (pushed = persisted) with a
+   new token.
+
+Partitions are independent after step 1: one failing does not hold back the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+from confluent_kafka import Consumer, TopicPartition
+
+from dedup import metrics
+from dedup.batches import IdentityHeaders
+from dedup.replay import ReplayResult, replay_partition
+from dedup.snapshots import Snapshot, SnapshotStore, StoredSnapshots
+from dedup.state import DedupState, clock_ms
+from dedup.writer import IdempotentWriter
+
+log = structlog.get_logger(__name__)
+
+PROGRESS_LOG_S = 5.0
+
+_Key = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredPartition:
+    topic: str
+    partition: int
+    token: str  # the token Redis now holds for the partition
+    end: int  # the replay ended here: the loaded state covers every record below it
+    snapshot: Snapshot | None  # the snapshot the replay started from; None: the log start
+    next_generation: int  # for the partition's next snapshot
+    replayed: int  # records read by the replay
+    producers: int
+    seconds: float
+
+
+class Recovery:
+    def __init__(
+        self,
+        writer: IdempotentWriter,
+        store: SnapshotStore,
+        state: DedupState,
+        bootstrap: str,
+        headers: IdentityHeaders,
+        *,
+        max_producers: int,
+        parallel_replays: int = 4,
+        replay_timeout_s: float = 60.0,
+    ) -> None:
+        self._writer = writer
+        self._store = store
+        self._state = state
+        self._bootstrap = bootstrap
+        self._headers = headers
+        self._max_producers = max_producers
+        self._replays = asyncio.Semaphore(parallel_replays)
+        self._replay_timeout_s = replay_timeout_s
+
+    async def run(
+        self, partitions: Sequence[_Key]
+    ) -> tuple[dict[_Key, RecoveredPartition], dict[_Key, Exception]]:
+        """Recover every partition; those that failed come back with their error. Raises
+        only when nothing could be done (the fence or the end offsets failed)."""
+        started = time.monotonic()
+        await self._writer.fence(partitions)
+        ends = await asyncio.to_thread(self._high_watermarks, partitions)
+        stored = await self._store.read(partitions)
+        outcomes = await asyncio.gather(
+            *(self._recover(key, ends[key], stored[key], started) for key in partitions),
+            return_exceptions=True,
+        )
+        recovered: dict[_Key, RecoveredPartition] = {}
+        failed: dict[_Key, Exception] = {}
+        for key, outcome in zip(partitions, outcomes, strict=True):
+            if isinstance(outcome, RecoveredPartition):
+                recovered[key] = outcome
+            elif isinstance(outcome, Exception):
+                failed[key] = outcome
+            else:
+                raise outcome  # CancelledError and the like
+        return recovered, failed
+
+    async def _recover(
+        self, key: _Key, end: int, stored: StoredSnapshots, started: float
+    ) -> RecoveredPartition:
+        topic, partition = key
+        for problem in stored.corrupt:
+            metrics.CORRUPT_SNAPSHOTS.inc()
+            log.warning(
+                "ignoring an unreadable snapshot", topic=topic, partition=partition, problem=problem
+            )
+        snapshot = self._choose(key, end, stored)
+        start = 0 if snapshot is None else snapshot.offset
+        async with self._replays:
+            replayed = await asyncio.to_thread(
+                replay_partition,
+                self._bootstrap,
+                topic,
+                partition,
+                start,
+                end,
+                self._headers,
+                progress=_progress_logger(topic, partition, end),
+                timeout_s=self._replay_timeout_s,
+            )
+        metrics.REPLAYED_RECORDS.inc(replayed.records)
+        if replayed.truncated_start:
+            log.warning(
+                "the log no longer starts at the replay's start; replayed from its start",
+                topic=topic,
+                partition=partition,
+                wanted=start,
+                log_start=replayed.start,
+            )
+        producers = self._merge(snapshot, replayed)
+        token = uuid.uuid4().hex
+        await self._state.load_recovered(topic, partition, producers, token, clock_ms())
+        generations = [s.generation for s in stored.valid]
+        seconds = time.monotonic() - started
+        metrics.RECOVERY_SECONDS.observe(seconds)
+        log.info(
+            "partition recovered",
+            topic=topic,
+            partition=partition,
+            snapshot_offset=None if snapshot is None else snapshot.offset,
+            end=end,
+            replayed=replayed.records,
+            identified=replayed.identified,
+            producers=len(producers),
+            seconds=round(seconds, 3),
+        )
+        return RecoveredPartition(
+            topic,
+            partition,
+            token,
+            end,
+            snapshot,
+            max(generations, default=-1) + 1,
+            replayed.records,
+            len(producers),
+            seconds,
+        )
+
+    def _choose(self, key: _Key, end: int, stored: StoredSnapshots) -> Snapshot | None:
+        topic, partition = key
+        usable = [s for s in stored.valid if s.offset <= end]
+        if len(usable) < len(stored.valid):
+            log.warning(
+                "ignoring snapshots past the end of the partition (the log was truncated)",
+                topic=topic,
+                partition=partition,
+                end=end,
+                offsets=[s.offset for s in stored.valid if s.offset > end],
+            )
+        if not usable:
+            log.log(
+                logging.WARNING if stored.valid or stored.corrupt else logging.INFO,
+                "no usable snapshot; replaying from the start of the log",
+                topic=topic,
+                partition=partition,
+            )
+            return None
+        if usable[0] is not stored.valid[0] or stored.corrupt:
+            log.warning(
+                "recovering from an older snapshot",
+                topic=topic,
+                partition=partition,
+                offset=usable[0].offset,
+            )
+        return usable[0]
+
+    def _merge(
+        self, snapshot: Snapshot | None, replayed: ReplayResult
+    ) -> dict[str, tuple[int, int]]:
+        merged: dict[str, tuple[int, int]] = {}
+        if snapshot is not None:
+            merged = {p: (e.sequence, e.last_seen_ms) for p, e in snapshot.producers.items()}
+        for producer, (sequence, seen_ms) in replayed.highest.items():
+            known = merged.get(producer)
+            if known is None:
+                merged[producer] = (sequence, seen_ms)
+            else:
+                merged[producer] = (max(known[0], sequence), max(known[1], seen_ms))
+        if len(merged) > self._max_producers:  # keep the most recently seen
+            kept = sorted(merged.items(), key=lambda item: item[1][1], reverse=True)
+            merged = dict(kept[: self._max_producers])
+        return merged
+
+    def _high_watermarks(self, partitions: Sequence[_Key]) -> dict[_Key, int]:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self._bootstrap,
+                "group.id": "dedup-proxy-recovery",
+                "enable.auto.commit": False,
+                # The high watermark, not the last stable offset: a client's open
+                # transaction must not hide the proxy's own later writes from the replay.
+                "isolation.level": "read_uncommitted",
+                "allow.auto.create.topics": False,
+            }
+        )
+        try:
+            return {
+                (topic, partition): consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=30
+                )[1]
+                for topic, partition in partitions
+            }
+        finally:
+            consumer.close()
+
+
+def _progress_logger(topic: str, partition: int, end: int) -> Callable[[int, int], None]:
+    last = [time.monotonic()]
+
+    def progress(records: int, offset: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_LOG_S:
+            last[0] = now
+            log.info(
+                "replaying",
+                topic=topic,
+                partition=partition,
+                records=records,
+                offset=offset,
+                end=end,
+            )
+
+    return progress

@@ -1,0 +1,405 @@
+"""Tail replay: rebuild a partition's ``persisted`` map (the highest sequence per producer) by
+reading the partition's log from an offset to an end.
+
+Every record the proxy writes carries its identity in two headers (`dedup.batches`: producer
+name, UTF-8, non-empty; sequence, a signed 64-bit integer as ASCII decimal, as Java's
+``Long.parseLong`` reads it). So after a crash the records Kafka acknowledged but Redis never
+heard of are found in the log itself: read ``[start, end)``, keep per producer the highest
+sequence and the newest record timestamp.
+
+How the log is read:
+
+- confluent-kafka's `Consumer` with `assign` (no group membership, no commits; librdkafka
+  wants a ``group.id`` all the same) and ``isolation.level=read_uncommitted``, so that an
+  open transaction cannot hold the replay below its end (read_committed stops at the last
+  stable offset). Records of open and aborted transactions are therefore read and count
+  like any other record (a consumer cannot tell them apart from committed or
+  non-transactional ones). The proxy forwards transactional requests unchecked, so an
+  identity inside a transaction is not part of the dedup state on the produce path; after a
+  replay, a sequence first sent in an aborted transaction reads as persisted, and a re-send
+  of it outside a transaction is dropped as a duplicate. Control records (transaction
+  markers) are never handed to a consumer.
+- ``end`` is the caller's: the high watermark as a read_uncommitted client sees it
+  (librdkafka's default read_committed reports the last stable offset as "high").
+- Offsets are not contiguous (compaction, transaction markers), so the end is found by
+  position, never by counting records: the replay is complete when a record at offset
+  ``>= end - 1`` was seen or the consumer reports partition EOF at an offset ``>= end``.
+- A start below the log start offset (retention, ``DeleteRecords``) begins at the log start
+  and says so (`ReplayResult.truncated_start`); so does a log start that moves past the
+  replay while it reads (``auto.offset.reset=error`` surfaces it instead of a silent jump).
+- Identity rules are `dedup.batches`'s for records read from a log: the last occurrence of a
+  header name counts; a record without both headers, with a null or empty or non-UTF-8
+  producer, or with a sequence that is not an int64 in decimal is skipped and counted.
+  Sequence text longer than 64 bytes is refused as `dedup.batches` refuses it (the proxy
+  never wrote such a record). Implicit identities need no rule here: the proxy writes them
+  into the forwarded records as the same two headers.
+
+Speed (measured with ``benchmarks/recovery.py``, see benchmarks/README.md): librdkafka's
+consume and the conversion of each message's headers to Python take most of the time; the
+Python loop (`Fold.add`) is a forward scan of the header list with a fast path for exactly
+two headers (faster than ``dict(headers)``, a reverse scan or a regular expression),
+``bytes.isdigit`` + ``int`` for the sequence, and producer names kept as bytes, decoded once
+per distinct name. ``consume()`` is called for small batches without waiting (100 messages
+measured fastest; a call for a batch that cannot fill waits out its timeout), and the fetch
+settings (`CONSUMER_SETTINGS`) avoid librdkafka's 1 s fetch back-off, which made a 1M-record
+replay about 5x slower with the defaults.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from dedup.batches import DEFAULT_HEADERS, IdentityHeaders
+
+GROUP_ID: Final = "dedup-proxy-replay"
+CONSUME_BATCH: Final = 100  # messages per consume() call (measured fastest, see above)
+POLL_TIMEOUT_S: Final = 0.2
+PROGRESS_INTERVAL_S: Final = 0.5
+
+SEQUENCE_MIN: Final = -(1 << 63)
+SEQUENCE_MAX: Final = (1 << 63) - 1
+MAX_SEQUENCE_TEXT: Final = 64  # as dedup.batches: longer text is refused, leading zeros or not
+
+# Fetch settings for reading one partition fast (measured, see benchmarks/README.md):
+# fetches of several MB, and a small pre-fetch queue refilled at once (librdkafka's default
+# `fetch.queue.backoff.ms` of 1 s idles the fetcher each time the queue was full, which with
+# the default queue sizes made a 1M-record replay 4-5x slower). `config` beats these.
+CONSUMER_SETTINGS: Final[Mapping[str, str | int | bool]] = {
+    "group.id": GROUP_ID,
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": True,
+    "isolation.level": "read_uncommitted",
+    "auto.offset.reset": "error",
+    "fetch.max.bytes": 50 * 1024 * 1024,
+    "max.partition.fetch.bytes": 8 * 1024 * 1024,
+    "fetch.wait.max.ms": 50,
+    "fetch.queue.backoff.ms": 10,
+    "queued.min.messages": 20_000,
+    "queued.max.messages.kbytes": 32 * 1024,
+    "check.crcs": False,
+}
+
+
+class ReplayError(Exception):
+    """The partition could not be read to the requested end."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    topic: str
+    partition: int
+    start: int  # the first offset actually read from (> the requested start when truncated)
+    end: int  # exclusive: every record below `end` that exists was read
+    highest: dict[str, tuple[int, int]]  # producer -> (highest sequence, last seen ms)
+    records: int  # records read
+    identified: int  # records with a valid identity
+    skipped: int  # records without identity or with a bad one
+    truncated_start: bool  # the requested start was below the log start offset
+    seconds: float
+
+
+def parse_sequence(raw: bytes | None) -> int | None:
+    """The sequence a header value says, or None when it is not a signed 64-bit integer in
+    ASCII decimal (an optional sign, then digits, at most 64 bytes in all)."""
+    if not raw or len(raw) > MAX_SEQUENCE_TEXT:
+        return None
+    if not raw.isdigit() and not (raw[:1] in b"+-" and raw[1:].isdigit()):
+        return None
+    sequence = int(raw)
+    if sequence > SEQUENCE_MAX or sequence < SEQUENCE_MIN:
+        return None
+    return sequence
+
+
+def parse_producer(raw: bytes | None) -> str | None:
+    """The producer a header value names, or None when it is null, empty or not UTF-8."""
+    if not raw:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def record_identity(
+    headers: Iterable[tuple[str, bytes | None]] | None, names: IdentityHeaders = DEFAULT_HEADERS
+) -> tuple[str, int] | None:
+    """(producer, sequence) of one record's headers, or None (the rule of the fold below, one
+    record at a time: the reference the fold is tested against)."""
+    if not headers:
+        return None
+    last = dict(headers)
+    producer = parse_producer(last.get(names.producer))
+    sequence = parse_sequence(last.get(names.sequence))
+    if producer is None or sequence is None:
+        return None
+    return producer, sequence
+
+
+class Fold:
+    """The replay's running state: consumer messages in, highest sequence per producer out.
+
+    `add` takes the messages of one ``consume()`` call; it is the replay's hot loop, so the
+    identity rules of `record_identity` are inlined there (and kept equal by the tests).
+    """
+
+    __slots__ = (
+        "_bad_names",
+        "_entries",
+        "_names",
+        "_producer",
+        "_sequence",
+        "end",
+        "events",
+        "last_offset",
+        "records",
+        "skipped",
+    )
+
+    def __init__(self, end: int, names: IdentityHeaders = DEFAULT_HEADERS) -> None:
+        self.end = end
+        self._producer = names.producer
+        self._sequence = names.sequence
+        # raw producer name -> [highest sequence, max timestamp]; decoded names alongside
+        self._entries: dict[bytes, list[int]] = {}
+        self._names: dict[bytes, str] = {}
+        self._bad_names: set[bytes] = set()
+        self.records = 0
+        self.skipped = 0
+        self.last_offset = -1
+        self.events: list[Any] = []  # messages with error() set (partition EOF included)
+
+    def add(self, messages: list[Any]) -> bool:
+        """Fold in one batch of consumer messages; True once a record at offset ``>= end-1``
+        was seen (the rest is beyond the replay). Messages carrying an error (partition EOF
+        too) are not folded: they are appended to `events` for the caller."""
+        end = self.end
+        last = messages[-1] if messages else None
+        if last is not None and last.error() is None and last.offset() < end - 1:
+            done = False  # the common case: the whole batch is below the end
+        else:
+            done, messages = self._cut(messages)
+        entries = self._entries
+        events = self.events
+        producer_name = self._producer
+        sequence_name = self._sequence
+        skipped = 0
+        records = 0
+        for message in messages:
+            headers = message.headers()
+            if headers is None:  # no headers, or not a record (an error or partition EOF)
+                if message.error() is not None:
+                    events.append(message)
+                    continue
+                records += 1
+                skipped += 1
+                continue
+            records += 1
+            if len(headers) == 2:
+                (n0, v0), (n1, v1) = headers
+                if n0 == producer_name and n1 == sequence_name:
+                    producer, raw = v0, v1
+                elif n1 == producer_name and n0 == sequence_name:
+                    producer, raw = v1, v0
+                else:
+                    skipped += 1
+                    continue
+            else:
+                producer = raw = None
+                for name, value in headers:  # the last occurrence of a name counts
+                    if name == producer_name:
+                        producer = value
+                    elif name == sequence_name:
+                        raw = value
+            if not producer or not raw or len(raw) > MAX_SEQUENCE_TEXT:
+                skipped += 1
+                continue
+            if not raw.isdigit() and not (raw[:1] in b"+-" and raw[1:].isdigit()):
+                skipped += 1
+                continue
+            sequence = int(raw)
+            if sequence > SEQUENCE_MAX or sequence < SEQUENCE_MIN:
+                skipped += 1
+                continue
+            timestamp = message.timestamp()[1]
+            entry = entries.get(producer)
+            if entry is None:
+                if not self._new_producer(producer):
+                    skipped += 1
+                    continue
+                entries[producer] = [sequence, timestamp]
+            else:
+                if sequence > entry[0]:
+                    entry[0] = sequence
+                if timestamp > entry[1]:
+                    entry[1] = timestamp
+        self.records += records
+        self.skipped += skipped
+        for message in reversed(messages):
+            if message.error() is None:
+                self.last_offset = message.offset()
+                break
+        return done
+
+    def _cut(self, messages: list[Any]) -> tuple[bool, list[Any]]:
+        """The messages below the end, and whether the end was reached among them."""
+        end = self.end
+        for index, message in enumerate(messages):
+            if message.error() is None and message.offset() >= end - 1:
+                if message.offset() == end - 1:
+                    return True, messages[: index + 1]
+                return True, messages[:index]
+        return False, messages
+
+    def _new_producer(self, raw: bytes) -> bool:
+        if raw in self._bad_names:
+            return False
+        name = parse_producer(raw)
+        if name is None:
+            self._bad_names.add(raw)
+            return False
+        self._names[raw] = name
+        return True
+
+    @property
+    def identified(self) -> int:
+        return self.records - self.skipped
+
+    def highest(self) -> dict[str, tuple[int, int]]:
+        names = self._names
+        return {names[raw]: (entry[0], entry[1]) for raw, entry in self._entries.items()}
+
+
+def replay_partition(
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    headers: IdentityHeaders = DEFAULT_HEADERS,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    timeout_s: float = 60.0,
+    config: Mapping[str, str] | None = None,
+) -> ReplayResult:
+    """Read ``topic``/``partition`` over ``[start, end)`` and return the highest sequence and
+    the newest timestamp of every producer found there.
+
+    Blocking (run it with `asyncio.to_thread`). ``end`` is the caller's end of the partition
+    (its high watermark, read_uncommitted, when it decided to replay); ``start >= end``
+    returns at once without connecting. ``progress(records_read, offset)`` is called at most
+    every half second while reading, and once at the end with ``end``. `ReplayError` when
+    Kafka reports an error (unknown partition, a start beyond the log, ...) or when the
+    position did not advance for ``timeout_s`` before the end was reached. ``config`` is
+    added to the consumer's settings (security settings, or to override `CONSUMER_SETTINGS`).
+    A negative ``start`` is a `ValueError`.
+    """
+    began = time.monotonic()
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
+    fold = Fold(end, headers)
+    if start >= end:
+        return _result(topic, partition, start, end, fold, False, began)
+    settings: dict[str, Any] = {"bootstrap.servers": bootstrap, **CONSUMER_SETTINGS}
+    settings.update(config or {})
+    consumer = Consumer(settings)
+    try:
+        return _replay(consumer, topic, partition, start, end, fold, progress, timeout_s, began)
+    except KafkaException as exc:
+        raise ReplayError(f"replay of {topic}/{partition} failed: {exc}") from exc
+    finally:
+        consumer.close()
+
+
+def _replay(
+    consumer: Any,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    fold: Fold,
+    progress: Callable[[int, int], None] | None,
+    timeout_s: float,
+    began: float,
+) -> ReplayResult:
+    where = f"{topic}/{partition}"
+    truncated = False
+    low, _high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+    if start < low:
+        start, truncated = low, True
+        if start >= end:
+            return _result(topic, partition, start, end, fold, truncated, began)
+    first = start
+    consumer.assign([TopicPartition(topic, partition, start)])
+    position = start  # every record below it has been read
+    last_change = time.monotonic()
+    next_progress = last_change + PROGRESS_INTERVAL_S
+    while True:
+        # What is queued, without waiting; when nothing is, wait for the first message
+        # only (a batch call would wait out its timeout for a batch that never fills).
+        messages = consumer.consume(CONSUME_BATCH, 0) or consumer.consume(1, POLL_TIMEOUT_S)
+        done = fold.add(messages)
+        before = position
+        if fold.last_offset >= position:
+            position = fold.last_offset + 1
+        for event in fold.events:
+            error = event.error()
+            code = error.code()
+            if code == KafkaError._PARTITION_EOF:
+                position = max(position, event.offset())
+            elif code == KafkaError._AUTO_OFFSET_RESET or code == KafkaError.OFFSET_OUT_OF_RANGE:
+                # The log start moved past the replay's position (retention, DeleteRecords).
+                low, _high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=timeout_s
+                )
+                if low <= position:
+                    raise ReplayError(f"replay of {where} at offset {position}: {error.str()}")
+                truncated = True
+                if fold.records == 0:
+                    first = low
+                position = low
+                if position >= end:
+                    done = True
+                    break
+                consumer.assign([TopicPartition(topic, partition, position)])
+            else:
+                raise ReplayError(f"replay of {where} at offset {position}: {error.str()}")
+        fold.events.clear()
+        now = time.monotonic()
+        if done or position >= end:
+            if progress is not None:
+                progress(fold.records, end)
+            return _result(topic, partition, first, end, fold, truncated, began)
+        if position > before:
+            last_change = now
+        elif now - last_change > timeout_s:
+            raise ReplayError(
+                f"replay of {where} stalled at offset {position} for {timeout_s:g} s before "
+                f"its end {end} ({fold.records} records read)"
+            )
+        if progress is not None and now >= next_progress:
+            progress(fold.records, position)
+            next_progress = now + PROGRESS_INTERVAL_S
+
+
+def _result(
+    topic: str, partition: int, start: int, end: int, fold: Fold, truncated: bool, began: float
+) -> ReplayResult:
+    return ReplayResult(
+        topic=topic,
+        partition=partition,
+        start=start,
+        end=end,
+        highest=fold.highest(),
+        records=fold.records,
+        identified=fold.identified,
+        skipped=fold.skipped,
+        truncated_start=truncated,
+        seconds=time.monotonic() - began,
+    )

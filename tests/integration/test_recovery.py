@@ -1,0 +1,480 @@
+"""Crashes that must lose nothing and duplicate nothing: the proxy killed with -9, Redis
+flushed or replaced, snapshots far behind, missing or corrupt.
+
+Each test runs its own proxy process (so it can be killed), a producer that re-sends what
+was not acknowledged, and reads the topic back from Kafka: exactly 0..N-1, once each, in
+order.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from dedup.client import DedupProducer
+from dedup.snapshots import SnapshotStore, slot_key, snapshot_partition
+from deploy.local import EnvInfo, LocalEnvironment
+from proxy.launcher import ProxyProcess
+from tests.integration.load import SequencedProducer
+from tests.integration.test_dedup import assert_exactly_once_in_order, values
+from tests.integration.topics import new_topic
+
+pytestmark = pytest.mark.integration
+
+LISTEN, ADMIN, BROKER_BASE = 27092, 27080, 27093
+REDIS_DB = 5  # this file's proxies only: a FLUSHDB here touches no other test's state
+
+
+class RestartableProxy:
+    """A dedup proxy that can be killed with -9 and started again with the same identity
+    (ports, instance id, Redis, snapshot topic), as a supervisor would restart it."""
+
+    def __init__(self, env: EnvInfo, log_dir: Path, **settings: str) -> None:
+        self.env = env
+        self.redis_url = env.redis.rsplit("/", 1)[0] + f"/{REDIS_DB}"
+        self.snapshot_topic = f"__dedup_snapshots_test_{uuid.uuid4().hex[:8]}"
+        self.settings = {
+            "DEDUP_PROXY_REDIS": self.redis_url,
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"rec-{uuid.uuid4().hex[:8]}",
+            "DEDUP_PROXY_INSTANCE_ID": f"recovery-test-{uuid.uuid4().hex[:8]}",
+            "DEDUP_PROXY_SNAPSHOT_TOPIC": self.snapshot_topic,
+            **settings,
+        }
+        self.log_dir = log_dir
+        self.runs = 0
+        self.process: ProxyProcess | None = None
+
+    def start(self) -> ProxyProcess:
+        self.runs += 1
+        self.process = ProxyProcess(
+            upstream=self.env.bootstrap,
+            listen_port=LISTEN,
+            admin_port=ADMIN,
+            extra_args=["--broker-port-base", str(BROKER_BASE), "--log-format", "json"],
+            env=self.settings,
+            log_path=self.log_dir / f"proxy-{self.runs}.log",
+        ).start()
+        return self.process
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()  # SIGKILL: no drain, no flush, writes left in flight
+        self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            assert self.process.stop() == 0
+            self.process = None
+
+    def log_events(self) -> list[str]:
+        return [
+            line
+            for run in range(1, self.runs + 1)
+            for line in (self.log_dir / f"proxy-{run}.log").read_text().splitlines()
+        ]
+
+
+@pytest.fixture
+def restartable(local_env: EnvInfo, tmp_path: Path) -> Iterator[RestartableProxy]:
+    proxy = RestartableProxy(local_env, tmp_path)
+    yield proxy
+    proxy.stop()
+
+
+def blind_resend(
+    proxy: ProxyProcess, topic: str, name: str, sequences: range, prefix: str = ""
+) -> None:
+    """A producer that restarted without knowing what was written re-sends a range."""
+    producer = DedupProducer(proxy.bootstrap, name)
+    for sequence in sequences:
+        producer.send(topic, f"{prefix}{sequence}".encode(), sequence_id=sequence)
+    assert producer.flush(120) == 0
+
+
+def assert_topic_is(bootstrap: str, topic: str, total: int) -> None:
+    assert_exactly_once_in_order(values(bootstrap, topic), total)
+
+
+def recoveries(proxy: RestartableProxy, **fields: Any) -> list[str]:
+    """Log lines of finished partition recoveries whose fields include ``fields``."""
+    wanted = [
+        f'"{k}": {v}' if not isinstance(v, str) else f'"{k}": "{v}"' for k, v in fields.items()
+    ]
+    return [
+        line
+        for line in proxy.log_events()
+        if '"partition recovered"' in line and all(w in line for w in wanted)
+    ]
+
+
+# ----------------------------------------------------------------------------- kill -9
+
+
+def test_proxy_killed_under_load_producer_retries_and_blind_resend_adds_nothing(
+    restartable: RestartableProxy, local_env: EnvInfo
+) -> None:
+    topic = new_topic(local_env.bootstrap)
+    total = 6000
+    first = restartable.start()
+    load = SequencedProducer(first.bootstrap, topic, "p-kill", total).start()
+    load.wait_delivered(total // 3)
+    restartable.kill()  # requests in flight: some in Kafka unacknowledged, some not sent
+    time.sleep(0.5)
+    second = restartable.start()
+    load.join()  # librdkafka re-sends what was not acknowledged, to the new proxy
+    blind_resend(second, topic, "p-kill", range(total // 4, total))
+    assert_topic_is(local_env.bootstrap, topic, total)
+    assert recoveries(restartable, topic=topic), "the restarted proxy recovered the partition"
+
+
+def test_proxy_killed_producer_gives_up_and_resumes_from_last_sequence_id(
+    restartable: RestartableProxy, local_env: EnvInfo
+) -> None:
+    topic = new_topic(local_env.bootstrap)
+    total = 5000
+    first = restartable.start()
+    # The producer dies with the proxy: what it had not had acknowledged is lost to it.
+    load = SequencedProducer(
+        first.bootstrap, topic, "p-resume", total, **{"message.timeout.ms": 2000}
+    ).start()
+    load.wait_delivered(total // 3)
+    restartable.kill()
+    failed = load.finish(30)
+    assert failed > 0, "some records must have been cut off by the crash"
+    second = restartable.start()
+    resumed = DedupProducer(second.bootstrap, "p-resume", admin_url=second.admin_url)
+    last = resumed.last_sequence_id(topic)
+    assert last >= load.delivered - 1, "at least what was acknowledged is known"
+    for sequence in range(last + 1, total):
+        resumed.send(topic, str(sequence).encode(), sequence_id=sequence)
+    assert resumed.flush(120) == 0
+    assert_topic_is(local_env.bootstrap, topic, total)
+
+
+def test_restart_with_a_snapshot_far_behind_replays_the_tail(
+    local_env: EnvInfo, tmp_path: Path
+) -> None:
+    restartable = RestartableProxy(
+        local_env,
+        tmp_path,
+        DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100000000",
+        DEDUP_PROXY_SNAPSHOT_EVERY_S="3600",
+    )
+    topic = new_topic(local_env.bootstrap)
+    total = 8000
+    try:
+        first = restartable.start()
+        blind_resend(first, topic, "p-tail", range(total))
+        restartable.kill()
+        # Redis too: only the snapshot (taken at the first recovery, before any record)
+        # and the log are left to recover from.
+        redis.Redis.from_url(restartable.redis_url).flushdb()
+        second = restartable.start()
+        blind_resend(second, topic, "p-tail", range(total))
+        assert_topic_is(local_env.bootstrap, topic, total)
+        (line,) = recoveries(restartable, topic=topic, replayed=total)
+        assert '"identified": 8000' in line, line
+    finally:
+        restartable.stop()
+
+
+def test_graceful_stop_snapshots_so_the_restart_replays_nothing(
+    rare_snapshots: RestartableProxy, local_env: EnvInfo
+) -> None:
+    restartable, topic = rare_snapshots, new_topic(local_env.bootstrap)
+    blind_resend(restartable.start(), topic, "p-stop", range(3000))
+    restartable.stop()  # SIGTERM: drain, then a snapshot of every changed partition
+    blind_resend(restartable.start(), topic, "p-stop", range(3000))
+    assert_topic_is(local_env.bootstrap, topic, 3000)
+    _, second = recoveries(restartable, topic=topic)
+    assert '"replayed": 0' in second, second
+
+
+# ----------------------------------------------------------------------------- Redis
+
+
+@pytest.fixture
+def rare_snapshots(local_env: EnvInfo, tmp_path: Path) -> Iterator[RestartableProxy]:
+    """Snapshots only when asked: what came after one can only be known by replaying it."""
+    proxy = RestartableProxy(
+        local_env,
+        tmp_path,
+        DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100000000",
+        DEDUP_PROXY_SNAPSHOT_EVERY_S="3600",
+    )
+    yield proxy
+    proxy.stop()
+
+
+def _quiet_producer_before_the_fault(restartable: RestartableProxy, topic: str) -> None:
+    """A snapshot of the (new) partition, then 1000 records of a producer that then falls
+    silent: after the fault nothing but the replay of the tail knows them."""
+    proxy_json(restartable, f"/v1/topics/{topic}/partitions/0/recover", "POST")
+    taken = proxy_json(restartable, f"/v1/topics/{topic}/partitions/0/snapshot", "POST")
+    assert taken["producers"] == 0
+    assert restartable.process is not None
+    blind_resend(restartable.process, topic, "p-quiet", range(1000), prefix="q")
+
+
+def _read_back(bootstrap: str, topic: str, total: int) -> None:
+    """The load's 0..total-1 in order and the quiet producer's 1000 records, each once."""
+    written = values(bootstrap, topic)
+    quiet = [v for v in written if v.startswith(b"q")]
+    assert quiet == [f"q{i}".encode() for i in range(1000)]
+    assert_exactly_once_in_order([v for v in written if not v.startswith(b"q")], total)
+
+
+def test_redis_flushed_under_load(rare_snapshots: RestartableProxy, local_env: EnvInfo) -> None:
+    restartable, topic, total = rare_snapshots, new_topic(local_env.bootstrap), 6000
+    proxy = restartable.start()
+    _quiet_producer_before_the_fault(restartable, topic)
+    load = SequencedProducer(proxy.bootstrap, topic, "p-flush", total).start()
+    load.wait_delivered(total // 3)
+    redis.Redis.from_url(restartable.redis_url).flushdb()
+    blind_resend(proxy, topic, "p-quiet", range(1000), prefix="q")  # all duplicates
+    load.join()  # the load's own retries across the loss
+    blind_resend(proxy, topic, "p-flush", range(0, total, 7))
+    _read_back(local_env.bootstrap, topic, total)
+    assert len(recoveries(restartable, topic=topic)) >= 2, "first use, then the lost state"
+    assert any('"state lost"' in line for line in restartable.log_events())
+
+
+def test_redis_killed_and_restarted_empty_under_load(
+    rare_snapshots: RestartableProxy, local_env: EnvInfo, local_environment: LocalEnvironment
+) -> None:
+    restartable, topic, total = rare_snapshots, new_topic(local_env.bootstrap), 6000
+    proxy = restartable.start()
+    _quiet_producer_before_the_fault(restartable, topic)
+    load = SequencedProducer(proxy.bootstrap, topic, "p-redis", total).start()
+    load.wait_delivered(total // 3)
+    local_environment.kill_redis()
+    time.sleep(1.0)  # requests meanwhile are refused as retriable, not written
+    local_environment.start_redis(empty=True)
+    blind_resend(proxy, topic, "p-quiet", range(1000), prefix="q")
+    load.join()
+    blind_resend(proxy, topic, "p-redis", range(total // 2, total))
+    _read_back(local_env.bootstrap, topic, total)
+    assert len(recoveries(restartable, topic=topic)) >= 2, "first use, then the empty Redis"
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+def _write_with_snapshots(restartable: RestartableProxy, topic: str, total: int) -> None:
+    proxy = restartable.start()
+    for start in range(0, total, 500):  # several snapshots: every 100 records
+        blind_resend(proxy, topic, "p-snap", range(start, min(start + 500, total)))
+        time.sleep(1.2)
+    listed = proxy_json(restartable, "/v1/snapshots")
+    (partition,) = [p for p in listed["partitions"] if p["topic"] == topic]
+    assert partition["snapshot_offset"] is not None and partition["next_generation"] >= 2
+
+
+def proxy_json(restartable: RestartableProxy, path: str, method: str = "GET") -> Any:
+    import json
+    import urllib.request
+
+    assert restartable.process is not None
+    request = urllib.request.Request(restartable.process.admin_url + path, method=method)
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.load(answer)
+
+
+def _corrupt(restartable: RestartableProxy, topic: str, generations: list[int]) -> None:
+    """Write garbage under the snapshot keys of these generations."""
+    producer = Producer({"bootstrap.servers": restartable.env.bootstrap})
+    slot = snapshot_partition(topic, 0, 1)
+    for generation in generations:
+        key = slot_key(topic, 0, generation)
+        producer.produce(restartable.snapshot_topic, b"\x00garbage", key=key, partition=slot)
+    assert producer.flush(30) == 0
+
+
+async def _stored_generations(restartable: RestartableProxy, topic: str) -> list[int]:
+    store = SnapshotStore(restartable.env.bootstrap, restartable.snapshot_topic)
+    try:
+        found = (await store.read([(topic, 0)]))[(topic, 0)]
+        return [s.generation for s in found.valid]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("damage", ["newest-corrupt", "all-corrupt", "topic-deleted"])
+def test_damaged_snapshots_fall_back_and_lose_nothing(
+    local_env: EnvInfo, tmp_path: Path, damage: str
+) -> None:
+    import asyncio
+
+    restartable = RestartableProxy(local_env, tmp_path, DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100")
+    topic = new_topic(local_env.bootstrap)
+    total = 2000
+    try:
+        _write_with_snapshots(restartable, topic, total)
+        restartable.kill()
+        redis.Redis.from_url(restartable.redis_url).flushdb()
+        generations = asyncio.run(_stored_generations(restartable, topic))
+        assert len(generations) == 2, generations
+        if damage == "newest-corrupt":
+            _corrupt(restartable, topic, generations[:1])
+        elif damage == "all-corrupt":
+            _corrupt(restartable, topic, generations)
+        else:
+            admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
+            admin.delete_topics([restartable.snapshot_topic])[restartable.snapshot_topic].result(30)
+            time.sleep(1.0)
+        proxy = restartable.start()
+        blind_resend(proxy, topic, "p-snap", range(total))
+        assert_topic_is(local_env.bootstrap, topic, total)
+        events = "\n".join(restartable.log_events())
+        if damage == "newest-corrupt":
+            assert "ignoring an unreadable snapshot" in events
+            assert "recovering from an older snapshot" in events
+        elif damage == "all-corrupt":
+            assert "no usable snapshot; replaying from the start of the log" in events
+        (after,) = [
+            line
+            for line in (tmp_path / "proxy-2.log").read_text().splitlines()
+            if '"partition recovered"' in line and topic in line
+        ]
+        if damage != "newest-corrupt":
+            assert '"snapshot_offset": null' in after, after
+        assert proxy.health() is not None, "recovered, no crash loop"
+    finally:
+        restartable.stop()
+
+
+# ----------------------------------------------------------------------------- fencing
+
+
+async def _describe_writer(bootstrap: str, topic: str) -> tuple[int, int, int]:
+    """(producer id, epoch, last sequence) of the partition's latest idempotent writer."""
+    import kio.schema.describe_producers.v0.request as describe
+    from kio.schema.types import TopicName
+    from kio.static.primitive import i32
+
+    from proxy.topology import Endpoint
+    from proxy.upstream_client import UpstreamClient
+
+    request = describe.DescribeProducersRequest(
+        topics=(describe.TopicRequest(name=TopicName(topic), partition_indexes=(i32(0),)),)
+    )
+    async with UpstreamClient(Endpoint.parse(bootstrap), 10) as client:
+        response = await client.request(request)
+    (partition,) = response.topics[0].partitions
+    latest = max(partition.active_producers, key=lambda p: int(p.last_timestamp))
+    return int(latest.producer_id), int(latest.producer_epoch), int(latest.last_sequence)
+
+
+async def _zombie_write(bootstrap: str, topic: str, writer: tuple[int, int, int]) -> int:
+    """What a write of the killed proxy, delivered late, would do: its producer id and
+    epoch, the next sequence. Returns Kafka's error code."""
+    import datetime
+
+    import kio.schema.produce.v11.request as produce
+    from kio.schema.types import TopicName
+    from kio.static.primitive import Records, i16, i32, i32Timedelta
+
+    from dedup.batches import IncomingRecord, build_batch
+    from proxy.topology import Endpoint
+    from proxy.upstream_client import UpstreamClient
+
+    producer_id, epoch, last_sequence = writer
+    record = IncomingRecord(0, int(time.time() * 1000), None, b"zombie", (), None)
+    batch = build_batch(
+        [record],
+        compression=0,
+        timestamp_type=0,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        base_sequence=last_sequence + 1,
+        add_identity_headers=False,
+    )
+    request = produce.ProduceRequest(
+        transactional_id=None,
+        acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=10)),
+        topic_data=(
+            produce.TopicProduceData(
+                name=TopicName(topic),
+                partition_data=(
+                    produce.PartitionProduceData(index=i32(0), records=Records(batch)),
+                ),
+            ),
+        ),
+    )
+    async with UpstreamClient(Endpoint.parse(bootstrap), 10) as client:
+        response = await client.request(request)
+    return int(response.responses[0].partition_responses[0].error_code)
+
+
+def test_a_late_write_of_the_killed_proxy_is_refused_after_the_restart(
+    restartable: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """The fence: once the restarted proxy recovered the partition, a batch the killed one
+    still had on its way (its producer id, epoch and next sequence) cannot land."""
+    import asyncio
+
+    topic = new_topic(local_env.bootstrap)
+    first = restartable.start()
+    blind_resend(first, topic, "p-fence", range(100))
+    writer = asyncio.run(_describe_writer(local_env.bootstrap, topic))
+    restartable.kill()
+    restartable.start()
+    proxy_json(restartable, f"/v1/topics/{topic}/partitions/0/recover", "POST")
+    assert asyncio.run(_zombie_write(local_env.bootstrap, topic, writer)) in (
+        47,  # INVALID_PRODUCER_EPOCH
+        90,  # PRODUCER_FENCED
+    )
+    assert b"zombie" not in values(local_env.bootstrap, topic)
+
+
+def test_operations_from_the_shell(restartable: RestartableProxy, local_env: EnvInfo) -> None:
+    """`dedup-proxy recover`, `snapshot` and `snapshots` against a running proxy."""
+    import json
+    import subprocess
+    import sys
+
+    topic = new_topic(local_env.bootstrap)
+    proxy = restartable.start()
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy", *args, "--admin-url", proxy.admin_url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert f"{topic}/0 recovered up to offset 1" in run("recover", topic, "0")
+    blind_resend(proxy, topic, "p-ops", range(10))
+    assert "at offset 11 (generation" in run("snapshot", topic, "0")
+    listed = json.loads(run("snapshots", "--json-output"))
+    (mine,) = [p for p in listed["partitions"] if p["topic"] == topic]
+    assert (mine["recovered"], mine["snapshot_offset"], mine["acknowledged_end"]) == (True, 11, 11)
+    assert topic in run("snapshots")  # the table
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "snapshot",
+            "no-such-topic",
+            "0",
+            "--admin-url",
+            proxy.admin_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode != 0 and "is not recovered by this proxy" in refused.stderr

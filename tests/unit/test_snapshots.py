@@ -1,0 +1,275 @@
+"""Snapshot encoding: round trips over the whole value range, strict decoding (only
+CorruptSnapshot, whatever the bytes), capping, and the placement of keys."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import zlib
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dedup.snapshots import (
+    MAGIC,
+    CorruptSnapshot,
+    ProducerEntry,
+    Snapshot,
+    slot_key,
+    snapshot_partition,
+)
+
+pytestmark = pytest.mark.unit
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+topics = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-",
+    min_size=1,
+    max_size=40,
+).filter(lambda t: t not in {".", ".."})
+entries = st.builds(
+    ProducerEntry,
+    sequence=st.integers(INT64_MIN, INT64_MAX),
+    last_seen_ms=st.integers(0, INT64_MAX),
+)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+snapshots = st.builds(
+    Snapshot,
+    topic=topics,
+    partition=st.integers(0, 2**31 - 1),
+    offset=st.integers(0, INT64_MAX),
+    created_ms=st.integers(0, INT64_MAX),
+    generation=st.integers(0, INT64_MAX),
+    producers=st.dictionaries(st.text(), entries, max_size=20),
+    chunks=st.dictionaries(st.text(), json_values, max_size=3),
+)
+
+
+def snapshot(**changes: Any) -> Snapshot:
+    fields: dict[str, Any] = {
+        "topic": "orders",
+        "partition": 3,
+        "offset": 1000,
+        "created_ms": 1_700_000_000_000,
+        "generation": 7,
+        "producers": {"a": ProducerEntry(5, 100), "b": ProducerEntry(-1, 200)},
+    }
+    return Snapshot(**(fields | changes))
+
+
+def body(**changes: Any) -> dict[str, Any]:
+    """The JSON of a valid snapshot, with some fields replaced (or removed when set to ...)."""
+    doc: dict[str, Any] = json.loads(snapshot().encode()[len(MAGIC) :])
+    for name, value in changes.items():
+        if value is ...:
+            del doc[name]
+        else:
+            doc[name] = value
+    return doc
+
+
+def raw(doc: object) -> bytes:
+    return MAGIC + json.dumps(doc).encode()
+
+
+@settings(max_examples=300)
+@given(snapshots)
+def test_encode_decode_round_trip(original: Snapshot) -> None:
+    encoded = original.encode()
+    assert encoded.startswith(MAGIC)
+    assert Snapshot.decode(encoded) == original
+
+
+def test_the_encoding_is_compact_json_after_the_magic() -> None:
+    encoded = snapshot().encode()
+    assert encoded == (
+        b'DDS1{"topic":"orders","partition":3,"offset":1000,"created_ms":1700000000000,'
+        b'"generation":7,"producers":{"a":[5,100],"b":[-1,200]},"chunks":{}}'
+    )
+
+
+def test_the_int64_bounds_survive_exactly() -> None:
+    original = snapshot(
+        producers={"min": ProducerEntry(INT64_MIN, 0), "max": ProducerEntry(INT64_MAX, INT64_MAX)}
+    )
+    assert Snapshot.decode(original.encode()).producers == original.producers
+
+
+@settings(max_examples=200)
+@given(snapshots, st.data())
+def test_every_truncation_is_corrupt(original: Snapshot, data: st.DataObject) -> None:
+    encoded = original.encode()
+    cut = data.draw(st.integers(0, len(encoded) - 1))
+    with pytest.raises(CorruptSnapshot):
+        Snapshot.decode(encoded[:cut])
+
+
+@settings(max_examples=500)
+@given(snapshots, st.data())
+def test_flipped_bits_give_a_snapshot_or_corrupt_snapshot(
+    original: Snapshot, data: st.DataObject
+) -> None:
+    damaged = bytearray(original.encode())
+    for _ in range(data.draw(st.integers(1, 4))):
+        position = data.draw(st.integers(0, len(damaged) - 1))
+        damaged[position] ^= 1 << data.draw(st.integers(0, 7))
+    try:
+        decoded = Snapshot.decode(bytes(damaged))
+    except CorruptSnapshot:
+        return
+    assert isinstance(decoded, Snapshot)  # a flip in a digit can still be a valid snapshot
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=300) | st.binary(max_size=300).map(lambda b: MAGIC + b))
+def test_random_bytes_are_corrupt(data: bytes) -> None:
+    with pytest.raises(CorruptSnapshot):
+        Snapshot.decode(data)
+
+
+@settings(max_examples=500)
+@given(
+    st.dictionaries(
+        st.sampled_from(["topic", "partition", "offset", "created_ms", "generation"])
+        | st.sampled_from(["producers", "chunks", "other"]),
+        json_values | st.dictionaries(st.text(max_size=3), json_values, max_size=3),
+        max_size=4,
+    ),
+    st.sets(st.sampled_from(["topic", "offset", "producers", "chunks"]), max_size=2),
+)
+def test_any_json_fields_decode_or_are_corrupt(replaced: dict[str, Any], removed: set[str]) -> None:
+    doc = body(**replaced, **dict.fromkeys(removed - replaced.keys(), ...))
+    with contextlib.suppress(CorruptSnapshot):
+        assert isinstance(Snapshot.decode(raw(doc)), Snapshot)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "not a snapshot"),
+        (b"DDS", "not a snapshot"),
+        (b"PK\x03\x04garbage", "not a snapshot"),
+        (b"DDS2{}", "unsupported snapshot format version b'DDS2'"),
+        (MAGIC, "not valid JSON"),
+        (MAGIC + b"{", "not valid JSON"),
+        (MAGIC + b"\xff\xfe{}", "not valid JSON"),
+        (MAGIC + b"[1, 2]", "body is a JSON list"),
+        (MAGIC + b"{}", "missing fields"),
+        (MAGIC + b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),  # recursion
+        (MAGIC + b'{"a": NaN}', "NaN is not a valid number"),
+        (MAGIC + b'{"a": 1, "a": 2}', "duplicate key 'a'"),
+        (MAGIC + b"9" * 5000, "not valid JSON"),  # beyond Python's int digit limit
+    ],
+)
+def test_decode_says_why(data: bytes, reason: str) -> None:
+    with pytest.raises(CorruptSnapshot, match=reason.replace("[", r"\[").replace("(", r"\(")):
+        Snapshot.decode(data)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"offset": -1}, "offset -1 is outside"),
+        ({"offset": 2**63}, "offset 9223372036854775808 is outside"),
+        ({"offset": 1.0}, "offset must be an integer, not float"),
+        ({"offset": "1"}, "offset must be an integer, not str"),
+        ({"partition": True}, "partition must be an integer, not bool"),
+        ({"partition": 2**31}, "partition 2147483648 is outside"),
+        ({"generation": -1}, "generation -1 is outside"),
+        ({"created_ms": None}, "created_ms must be an integer, not NoneType"),
+        ({"topic": "a/b"}, "not a legal Kafka topic name: 'a/b'"),
+        ({"topic": ""}, "not a legal Kafka topic name"),
+        ({"topic": 5}, "not a legal Kafka topic name: 5"),
+        ({"producers": [["a", 1, 2]]}, "producers is a JSON list"),
+        ({"producers": {"a": [2**63, 0]}}, "producer 'a': sequence 9223372036854775808 is outside"),
+        ({"producers": {"a": [-(2**63) - 1, 0]}}, "producer 'a': sequence -9223372036854775809"),
+        ({"producers": {"a": [1]}}, r"producer 'a': expected \[sequence, last_seen_ms\]"),
+        ({"producers": {"a": {"sequence": 1}}}, "producer 'a': expected"),
+        ({"producers": {"a": [1, -5]}}, "producer 'a': last_seen_ms -5 is outside"),
+        ({"producers": {"a": [False, 0]}}, "producer 'a': sequence must be an integer, not bool"),
+        ({"chunks": []}, "chunks is a JSON list"),
+        ({"chunks": ...}, r"missing fields \['chunks'\]"),
+        ({"extra": 1}, r"unknown fields \['extra'\]"),
+    ],
+)
+def test_decode_checks_every_field(changes: dict[str, Any], reason: str) -> None:
+    with pytest.raises(CorruptSnapshot, match=reason):
+        Snapshot.decode(raw(body(**changes)))
+
+
+def test_invalid_snapshots_cannot_be_built() -> None:
+    with pytest.raises(ValueError, match="offset -1"):
+        snapshot(offset=-1)
+    with pytest.raises(ValueError, match="sequence"):
+        ProducerEntry(2**63, 0)
+    with pytest.raises(ValueError, match="not a ProducerEntry"):
+        snapshot(producers={"a": 5})
+    with pytest.raises(ValueError, match="chunks key must be a string"):
+        snapshot(chunks={1: 2})
+
+
+def test_chunks_round_trip_as_a_json_object() -> None:
+    original = snapshot(chunks={"p-1": {"uuid": "x", "parts": [0, 1, 2]}})
+    assert Snapshot.decode(original.encode()).chunks == original.chunks
+    assert snapshot().chunks == {}
+
+
+def test_chunks_that_json_cannot_hold_are_refused_at_encode() -> None:
+    with pytest.raises(ValueError):
+        snapshot(chunks={"x": float("nan")}).encode()
+    with pytest.raises(TypeError):
+        snapshot(chunks={"x": {1, 2}}).encode()
+
+
+def test_capped_keeps_the_most_recently_seen() -> None:
+    original = snapshot(
+        producers={
+            "old": ProducerEntry(1, 10),
+            "new": ProducerEntry(2, 40),
+            "mid": ProducerEntry(3, 20),
+            "tie-b": ProducerEntry(4, 30),
+            "tie-a": ProducerEntry(5, 30),
+        }
+    )
+    capped = original.capped(3)
+    assert dict(capped.producers) == {
+        "new": ProducerEntry(2, 40),
+        "tie-b": ProducerEntry(4, 30),
+        "tie-a": ProducerEntry(5, 30),
+    }
+    assert list(capped.producers) == ["new", "tie-b", "tie-a"]  # the original order
+    assert (capped.topic, capped.offset, capped.generation) == ("orders", 1000, 7)
+    # Ties go as Redis evicts: the lexicographically smaller name first.
+    assert set(original.capped(2).producers) == {"new", "tie-b"}
+    assert original.capped(5) is original
+    assert original.capped(0).producers == {}
+    with pytest.raises(ValueError):
+        original.capped(-1)
+
+
+@given(st.dictionaries(st.text(max_size=5), entries, max_size=30), st.integers(0, 40))
+def test_capped_drops_only_less_recent_producers(
+    producers: dict[str, ProducerEntry], limit: int
+) -> None:
+    capped = snapshot(producers=producers).capped(limit)
+    assert len(capped.producers) == min(limit, len(producers))
+    assert all(producers[name] == entry for name, entry in capped.producers.items())
+    dropped = producers.keys() - capped.producers.keys()
+    if dropped and capped.producers:
+        assert max(producers[n].last_seen_ms for n in dropped) <= min(
+            e.last_seen_ms for e in capped.producers.values()
+        )
+
+
+def test_keys_and_placement() -> None:
+    assert slot_key("orders", 3, 7) == "orders/3/1" == snapshot().key
+    assert slot_key("orders", 3, 8) == "orders/3/0"
+    assert snapshot_partition("orders", 3, 8) == zlib.crc32(b"orders/3") % 8
+    assert snapshot_partition("orders", 3, 1) == 0
