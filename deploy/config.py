@@ -15,7 +15,11 @@ DEFAULT_KAFKA_PORT_BASE = 19092
 DEFAULT_REDIS_PORT = 16379
 # Controller listeners sit this far above the client listeners.
 CONTROLLER_PORT_OFFSET = 100
-SUPPORTED_BROKER_COUNTS = (1, 3)
+# Brokers that advertise another address to clients (a fault-injecting proxy in front of
+# them) replicate over a listener of their own, this far above the client listeners.
+INTER_BROKER_PORT_OFFSET = 50
+MAX_BROKERS = 3
+SUPPORTED_BROKER_COUNTS = (1, MAX_BROKERS)
 
 # Small heaps: up to three nodes plus the proxy and tests share a 2-core machine.
 KAFKA_HEAP_OPTS = ("-Xms256m", "-Xmx512m")
@@ -33,10 +37,29 @@ TOOL_JVM_OPTS = ("-Xmx256m", "-XX:+UseG1GC", "-Djava.awt.headless=true")
 
 @dataclass(frozen=True)
 class Ports:
-    """The loopback ports of the environment; node ids are 0..n-1."""
+    """The loopback ports of the environment; node ids are 0..n-1.
+
+    Node i listens for clients on ``kafka_base + i`` and tells clients (in Metadata) to
+    connect to ``advertised_kafka_base + i``: by default the same port. A different
+    advertised base lets something listen there and forward to the brokers (Toxiproxy, to
+    break client connections); the nodes then replicate over an inter-broker listener of
+    their own (``kafka_base + 50 + i``), and the controllers keep theirs, so neither
+    replication nor the KRaft quorum goes through it."""
 
     kafka_base: int = DEFAULT_KAFKA_PORT_BASE
     redis: int = DEFAULT_REDIS_PORT
+    advertised_kafka_base: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.advertises_elsewhere:
+            return
+        advertised = {self.advertised(n) for n in range(MAX_BROKERS)}
+        own = {port for n in range(MAX_BROKERS) for port in self.node_ports(n)}
+        if advertised & own:
+            raise ValueError(
+                f"advertised Kafka ports {sorted(advertised)} overlap the ports the nodes "
+                f"listen on ({sorted(own)})"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Ports:
@@ -44,26 +67,60 @@ class Ports:
         return cls(
             kafka_base=_port(env, "DEDUP_LOCAL_KAFKA_PORT", DEFAULT_KAFKA_PORT_BASE),
             redis=_port(env, "DEDUP_LOCAL_REDIS_PORT", DEFAULT_REDIS_PORT),
+            advertised_kafka_base=_optional_port(env, "DEDUP_LOCAL_KAFKA_ADVERTISED_PORT"),
         )
 
+    @property
+    def advertised_base(self) -> int:
+        """The advertised base in effect (the listen base unless another one is set)."""
+        return self.kafka_base if self.advertised_kafka_base is None else self.advertised_kafka_base
+
+    @property
+    def advertises_elsewhere(self) -> bool:
+        return self.advertised_base != self.kafka_base
+
     def client(self, node_id: int) -> int:
+        """The port node_id listens on for clients."""
         return self.kafka_base + node_id
+
+    def advertised(self, node_id: int) -> int:
+        """The port clients are told to use for node_id."""
+        return self.advertised_base + node_id
+
+    def inter_broker(self, node_id: int) -> int | None:
+        """The replication listener's port, when replication has a listener of its own."""
+        if not self.advertises_elsewhere:
+            return None
+        return self.kafka_base + INTER_BROKER_PORT_OFFSET + node_id
 
     def controller(self, node_id: int) -> int:
         return self.kafka_base + CONTROLLER_PORT_OFFSET + node_id
 
+    def node_ports(self, node_id: int) -> list[int]:
+        """Every port node_id listens on."""
+        replication = self.inter_broker(node_id)
+        extra = [] if replication is None else [replication]
+        return [self.client(node_id), *extra, self.controller(node_id)]
+
 
 def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    port = _optional_port(env, name)
+    return default if port is None else port
+
+
+def _optional_port(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name, "").strip()
     if not raw:
-        return default
+        return None
     try:
         port = int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a port number") from None
     # The Kafka base must leave room for the controller ports above it.
-    if not 1024 <= port <= 65535 - CONTROLLER_PORT_OFFSET - 3:
-        raise ValueError(f"{name}={port} is outside 1024..{65535 - CONTROLLER_PORT_OFFSET - 3}")
+    if not 1024 <= port <= 65535 - CONTROLLER_PORT_OFFSET - MAX_BROKERS:
+        raise ValueError(
+            f"{name}={port} is outside 1024..{65535 - CONTROLLER_PORT_OFFSET - MAX_BROKERS}"
+        )
     return port
 
 
@@ -102,22 +159,43 @@ def replication_settings(brokers: int) -> dict[str, str]:
     }
 
 
+def listener_settings(node_id: int, ports: Ports) -> dict[str, str]:
+    """The listeners of one node. Clients get PLAINTEXT, advertised at the port they must
+    use; when that is not the node's own port, replication moves to an INTERNAL listener
+    advertised as itself, since brokers reach each other through advertised addresses."""
+    client = f"PLAINTEXT://{HOST}:{ports.client(node_id)}"
+    controller = f"CONTROLLER://{HOST}:{ports.controller(node_id)}"
+    advertised = f"PLAINTEXT://{HOST}:{ports.advertised(node_id)}"
+    replication = ports.inter_broker(node_id)
+    if replication is None:
+        return {
+            "listeners": f"{client},{controller}",
+            "advertised.listeners": advertised,
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+        }
+    internal = f"INTERNAL://{HOST}:{replication}"
+    return {
+        "listeners": f"{client},{internal},{controller}",
+        "advertised.listeners": f"{advertised},{internal}",
+        "listener.security.protocol.map": (
+            "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        ),
+        "inter.broker.listener.name": "INTERNAL",
+    }
+
+
 def server_properties(node_id: int, brokers: int, ports: Ports, data_dir: Path) -> dict[str, str]:
     """server.properties of one combined broker+controller node."""
     check_broker_count(brokers)
     if not 0 <= node_id < brokers:
         raise ValueError(f"node id {node_id} is not in 0..{brokers - 1}")
-    client = f"{HOST}:{ports.client(node_id)}"
-    controller = f"{HOST}:{ports.controller(node_id)}"
     props = {
         "process.roles": "broker,controller",
         "node.id": str(node_id),
         "controller.quorum.voters": quorum_voters(brokers, ports),
-        "listeners": f"PLAINTEXT://{client},CONTROLLER://{controller}",
-        "advertised.listeners": f"PLAINTEXT://{client}",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        **listener_settings(node_id, ports),
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(data_dir),
         "num.partitions": "1",
         "auto.create.topics.enable": "true",

@@ -9,11 +9,17 @@ Everything lives under the state home (`$DEDUP_LOCAL_HOME`, else
     redis/                       redis.conf, data/ (AOF), redis.log, process.log, redis.pid
 
 The data is disposable: asking for a different cluster shape recreates the cluster.
+
+Brokers may advertise other ports than they listen on (`Ports.advertised_kafka_base`), for
+a fault-injecting proxy such as Toxiproxy in front of them: the addresses `info()` gives
+are then the advertised ones, while the environment's own checks talk to the listen ports,
+so `up` works whether or not anything serves the advertised ports yet.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -86,6 +92,8 @@ class _State:
     kafka_port_base: int
     redis_port: int
     kafka_version: str = paths.KAFKA_VERSION
+    # None: the brokers advertise the ports they listen on.
+    kafka_advertised_port_base: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,18 +101,22 @@ class _State:
             "brokers": self.brokers,
             "cluster_id": self.cluster_id,
             "kafka_port_base": self.kafka_port_base,
+            "kafka_advertised_port_base": self.kafka_advertised_port_base,
             "redis_port": self.redis_port,
             "kafka_version": self.kafka_version,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> _State:
+        # Absent from states written before brokers could advertise other ports.
+        advertised = data.get("kafka_advertised_port_base")
         return cls(
             brokers=int(data["brokers"]),
             cluster_id=str(data["cluster_id"]),
             kafka_port_base=int(data["kafka_port_base"]),
             redis_port=int(data["redis_port"]),
             kafka_version=str(data["kafka_version"]),
+            kafka_advertised_port_base=None if advertised is None else int(advertised),
         )
 
 
@@ -202,7 +214,7 @@ class LocalEnvironment:
 
     def _info(self, state: _State) -> EnvInfo:
         ports = _ports(state)
-        brokers = {node: f"{HOST}:{ports.client(node)}" for node in range(state.brokers)}
+        brokers = {node: f"{HOST}:{ports.advertised(node)}" for node in range(state.brokers)}
         return EnvInfo(
             bootstrap=",".join(brokers.values()),
             brokers=brokers,
@@ -221,6 +233,7 @@ class LocalEnvironment:
         if state is None:
             return result
         info = self._info(state)
+        ports = _ports(state)
         result.update(info.to_json())
         result["cluster_id"] = state.cluster_id
         result["kafka_version"] = state.kafka_version
@@ -229,9 +242,10 @@ class LocalEnvironment:
             pid = self._node_process(node).running_pid()
             nodes[str(node)] = {
                 "address": address,
+                "listen": f"{HOST}:{ports.client(node)}",
                 "pid": pid,
                 "running": pid is not None,
-                "listening": pid is not None and port_open(HOST, _ports(state).client(node)),
+                "listening": pid is not None and port_open(HOST, ports.client(node)),
                 "log": str(self.node_dir(node) / "logs" / "server.log"),
             }
         result["nodes"] = nodes
@@ -249,7 +263,8 @@ class LocalEnvironment:
     def up(self, brokers: int = 1, timeout: float = DEFAULT_START_TIMEOUT) -> EnvInfo:
         """Start whatever is not running and wait until Kafka reports all brokers in its
         metadata and Redis answers PING. A different broker count (or Kafka port base)
-        than the recorded one tears the cluster down and creates a new one."""
+        than the recorded one tears the cluster down and creates a new one; different
+        advertised Kafka ports or Redis port only restart the processes concerned."""
         config.check_broker_count(brokers)
         with self._locked():
             state = self._load_state()
@@ -261,14 +276,8 @@ class LocalEnvironment:
                 or not all(self._formatted(n) for n in range(brokers))
             ):
                 state = self._create_cluster(brokers)
-            elif state.redis_port != self.ports.redis:
-                stop_all([self._redis_process()], STOP_TIMEOUT)
-                state = _State(
-                    brokers=state.brokers,
-                    cluster_id=state.cluster_id,
-                    kafka_port_base=state.kafka_port_base,
-                    redis_port=self.ports.redis,
-                )
+            else:
+                state = self._adopt_ports(state)
             self._save_state(state)
             nodes = list(range(state.brokers))
             self._start_nodes(state, [n for n in nodes if not self._node_process(n).is_running()])
@@ -277,6 +286,19 @@ class LocalEnvironment:
             self._wait_for_brokers(state, set(nodes), set(nodes), deadline)
             self._wait_for_redis(state, deadline)
             return self._info(state)
+
+    def _adopt_ports(self, state: _State) -> _State:
+        """Stop what must restart on new ports. Brokers keep their data: a restarted
+        broker registers its new advertised listeners with the controller."""
+        if state.redis_port != self.ports.redis:
+            stop_all([self._redis_process()], STOP_TIMEOUT)
+        if _advertised_base(state) != self.ports.advertised_base:
+            stop_all([self._node_process(n) for n in range(state.brokers)], STOP_TIMEOUT)
+        return dataclasses.replace(
+            state,
+            redis_port=self.ports.redis,
+            kafka_advertised_port_base=_recorded_advertised_base(self.ports),
+        )
 
     def down(self, purge: bool = False) -> None:
         """Stop every process (SIGTERM, then SIGKILL after a grace period). With purge, also
@@ -297,8 +319,7 @@ class LocalEnvironment:
             state = self._require_state()
             self._check_node(state, node_id)
             killed = self._node_process(node_id).kill()
-            ports = _ports(state)
-            for port in (ports.client(node_id), ports.controller(node_id)):
+            for port in _ports(state).node_ports(node_id):
                 wait_port_closed(HOST, port, 10.0)
             return killed
 
@@ -349,6 +370,7 @@ class LocalEnvironment:
             cluster_id=config.random_cluster_id(),
             kafka_port_base=self.ports.kafka_base,
             redis_port=self.ports.redis,
+            kafka_advertised_port_base=_recorded_advertised_base(self.ports),
         )
         for node in range(brokers):
             self._write_node_config(state, node)
@@ -393,7 +415,7 @@ class LocalEnvironment:
         java, classpath = paths.java_executable(), paths.kafka_classpath()
         ports = _ports(state)
         for node in node_ids:
-            for port in (ports.client(node), ports.controller(node)):
+            for port in ports.node_ports(node):
                 # A short grace period: a node killed a moment ago may still be exiting.
                 if not wait_port_closed(HOST, port, 5.0):
                     raise LocalEnvError(
@@ -427,7 +449,9 @@ class LocalEnvironment:
         """Wait until every node in `ask` answers Metadata itself, listing all of
         `must_list`. Asking each node directly matters: right after a SIGKILL the others
         still list the dead node until its session times out, and a restarted node is
-        listed by the others a moment after it lists itself."""
+        listed by the others a moment after it lists itself. Nodes are asked on their
+        listen ports, not the advertised ones, which may be served by a proxy that is
+        not there yet (or is cutting connections on purpose)."""
         ready: set[int] = set()
         while True:
             for node in sorted(ask - ready):
@@ -510,7 +534,21 @@ def _metadata_brokers(address: str) -> set[int]:
 
 def _ports(state: _State) -> Ports:
     # The recorded ports, which are the ones the running processes use.
-    return Ports(kafka_base=state.kafka_port_base, redis=state.redis_port)
+    return Ports(
+        kafka_base=state.kafka_port_base,
+        redis=state.redis_port,
+        advertised_kafka_base=state.kafka_advertised_port_base,
+    )
+
+
+def _advertised_base(state: _State) -> int:
+    return _ports(state).advertised_base
+
+
+def _recorded_advertised_base(ports: Ports) -> int | None:
+    """What state.json records: None while the brokers advertise their own ports, so
+    the files of both kinds of environment compare equal when nothing differs."""
+    return ports.advertised_base if ports.advertises_elsewhere else None
 
 
 def _remove(path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Where the local environment's pieces live: the Kafka jars (a cache outside the repo,
-filled by deploy/setup.sh), the state home, the packaged config files, the executables."""
+"""Where the local environment's pieces live: the Kafka jars and the Toxiproxy server (a
+cache outside the repo, filled by deploy/setup.sh), the state home, the packaged config
+files, the executables."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 KAFKA_VERSION = "4.3.1"
+# deploy/setup.sh builds this release with Go; keep the two in step.
+TOXIPROXY_VERSION = "2.12.0"
 RESOURCES = Path(__file__).resolve().parent / "kafka"
 KAFKA_LOG4J2_CONFIG = RESOURCES / "log4j2.properties"
 TOOLS_LOG4J2_CONFIG = RESOURCES / "tools-log4j2.properties"
@@ -27,9 +30,17 @@ def _xdg(env: Mapping[str, str], name: str, fallback: str) -> Path:
     return Path.home() / fallback
 
 
-def kafka_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
-    return _xdg(env, "XDG_CACHE_HOME", ".cache") / "kafka-dedup-proxy" / f"kafka-{KAFKA_VERSION}"
+    return _xdg(env, "XDG_CACHE_HOME", ".cache") / "kafka-dedup-proxy"
+
+
+def kafka_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    return cache_dir(environ) / f"kafka-{KAFKA_VERSION}"
+
+
+def toxiproxy_dir(environ: Mapping[str, str] | None = None) -> Path:
+    return cache_dir(environ) / f"toxiproxy-{TOXIPROXY_VERSION}"
 
 
 def kafka_libs_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -69,3 +80,14 @@ def redis_server_executable() -> str:
     if found is None:
         raise MissingRuntimeError(f"redis-server not found: {SETUP_HINT}")
     return found
+
+
+def toxiproxy_server() -> str:
+    """The Toxiproxy server the chaos tests put between clients, the proxy and Kafka."""
+    binary = toxiproxy_dir() / "toxiproxy-server"
+    if not os.access(binary, os.X_OK):
+        raise MissingRuntimeError(
+            f"Toxiproxy {TOXIPROXY_VERSION} not found at {binary}: {SETUP_HINT} "
+            f"(it builds Toxiproxy from source, which needs Go)"
+        )
+    return str(binary)

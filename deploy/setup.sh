@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepares a machine for kafka-dedup-proxy: the Python virtualenv, Redis and kcat, a Java
-# runtime with Maven, and the Kafka 4.3.1 jars resolved from deploy/kafka/pom.xml.
+# runtime with Maven, the Kafka 4.3.1 jars resolved from deploy/kafka/pom.xml, and the
+# Toxiproxy 2.12.0 server (built with Go) the chaos suite injects network faults with.
 # Idempotent and quick on a machine that is already set up: each step is skipped when its
-# result is present (the slow ones are keyed by a hash of their input file).
+# result is present (the slow ones are keyed by a hash of their input file, or a version).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,8 +15,13 @@ CACHE_HOME="${XDG_CACHE_HOME:-}"
 [[ "$CACHE_HOME" == /* ]] || CACHE_HOME="$HOME/.cache"
 KAFKA_CACHE="$CACHE_HOME/kafka-dedup-proxy/kafka-$KAFKA_VERSION"
 LIBS="$KAFKA_CACHE/libs"
+# Same as deploy/paths.py TOXIPROXY_VERSION.
+TOXIPROXY_VERSION="2.12.0"
+TOXIPROXY_DIR="$CACHE_HOME/kafka-dedup-proxy/toxiproxy-$TOXIPROXY_VERSION"
+TOXIPROXY_BIN="$TOXIPROXY_DIR/toxiproxy-server"
 
 say() { printf 'setup: %s\n' "$*"; }
+warn() { printf 'setup: warning: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 hash_of() { sha256sum "$1" | cut -d' ' -f1; }
 
@@ -140,4 +146,49 @@ else
     say "Kafka $KAFKA_VERSION jars up to date"
 fi
 
-say "done"
+# --- Toxiproxy ----------------------------------------------------------------------------
+# Built from source through the Go module proxy, which build machines reach more often than
+# GitHub's release downloads. Only the chaos suite needs it, so a machine without Go gets a
+# warning and everything else; a build that fails with Go present is an error.
+find_go() {
+    if command -v go >/dev/null 2>&1; then
+        command -v go
+    elif [ -x /usr/local/go/bin/go ]; then
+        echo /usr/local/go/bin/go # the official tarball's place, often not on PATH
+    else
+        return 1
+    fi
+}
+# The binary is stamped with its version at build time, so `-version` keys this step.
+toxiproxy_version() { "$TOXIPROXY_BIN" -version 2>/dev/null | awk '{ print $NF }'; }
+
+TOXIPROXY_MISSING=0
+if [ "$(toxiproxy_version || true)" = "$TOXIPROXY_VERSION" ]; then
+    say "Toxiproxy $TOXIPROXY_VERSION present"
+elif GO="$(find_go)"; then
+    say "building Toxiproxy $TOXIPROXY_VERSION into $TOXIPROXY_DIR"
+    mkdir -p "$TOXIPROXY_DIR"
+    staging="$(mktemp -d "$TOXIPROXY_DIR/build.XXXXXX")"
+    trap 'rm -rf "$staging"' EXIT
+    # Static (no C compiler needed). A Go older than the module's minimum fetches the
+    # toolchain it needs through the same module proxy (GOTOOLCHAIN=auto, Go >= 1.21).
+    quietly env GOBIN="$staging" CGO_ENABLED=0 "$GO" install -trimpath \
+        -ldflags "-s -w -X github.com/Shopify/toxiproxy/v2.Version=$TOXIPROXY_VERSION" \
+        "github.com/Shopify/toxiproxy/v2/cmd/server@v$TOXIPROXY_VERSION"
+    mv "$staging/server" "$TOXIPROXY_BIN"
+    rm -rf "$staging"
+    trap - EXIT
+    [ "$(toxiproxy_version || true)" = "$TOXIPROXY_VERSION" ] ||
+        die "$TOXIPROXY_BIN does not report version $TOXIPROXY_VERSION"
+else
+    TOXIPROXY_MISSING=1
+    warn "go not found: Toxiproxy $TOXIPROXY_VERSION was not built, so the chaos suite" \
+        "(dedup-proxy chaos run, tests/integration/test_toxiproxy.py) cannot run;" \
+        "install Go >= 1.21 (https://go.dev/dl/) and run this script again"
+fi
+
+if [ "$TOXIPROXY_MISSING" -eq 1 ]; then
+    say "done, without Toxiproxy"
+else
+    say "done"
+fi

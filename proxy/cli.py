@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from dedup.cli import policy_app, producers, recover, snapshot, snapshots
+from deploy.chaos.cli import chaos_app
 from deploy.cli import local_app
 from proxy.config import ConfigError, load_settings
 from proxy.logs import configure_logging
@@ -20,6 +21,7 @@ app = typer.Typer(
 )
 app.add_typer(local_app, name="local", help="The local Kafka + Redis the project runs on.")
 app.add_typer(policy_app, name="policy", help="Read and change dedup policies.")
+app.add_typer(chaos_app, name="chaos", help="The seed's dedup experiment: faults under load.")
 app.command("producers")(producers)
 app.command("snapshots")(snapshots)
 app.command("snapshot")(snapshot)

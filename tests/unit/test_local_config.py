@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from deploy import config
+from deploy import config, paths
 from deploy.config import Ports
-from deploy.local import EnvInfo
+from deploy.local import EnvInfo, LocalEnvironment
+from deploy.paths import MissingRuntimeError
 from deploy.processes import ManagedProcess
 
 pytestmark = pytest.mark.unit
@@ -169,3 +171,120 @@ def test_stale_or_foreign_pid_files_mean_not_running(tmp_path: Path) -> None:
     proc.pid_file.write_text(f"{2**22 + 1}\n")
     assert proc.running_pid() is None
     assert proc.kill() is False
+
+
+# --- brokers advertising other ports (a fault-injecting proxy in front of them) -----------
+
+BEHIND = Ports(kafka_base=24192, redis=17379, advertised_kafka_base=24200)
+
+
+def test_advertised_ports_default_to_the_listen_ports() -> None:
+    for ports in (Ports(), Ports(kafka_base=19092, advertised_kafka_base=19092)):
+        assert not ports.advertises_elsewhere
+        assert ports.advertised(2) == ports.client(2) == 19094
+        assert ports.inter_broker(0) is None
+        assert ports.node_ports(1) == [19093, 19193]
+        assert props(0, 1, ports)["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+
+
+def test_a_node_advertises_other_ports_and_replicates_on_its_own_listener() -> None:
+    p = props(0, 1, BEHIND)
+    assert p["listeners"] == (
+        "PLAINTEXT://127.0.0.1:24192,INTERNAL://127.0.0.1:24242,CONTROLLER://127.0.0.1:24292"
+    )
+    assert p["advertised.listeners"] == "PLAINTEXT://127.0.0.1:24200,INTERNAL://127.0.0.1:24242"
+    assert p["listener.security.protocol.map"] == (
+        "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    )
+    assert p["inter.broker.listener.name"] == "INTERNAL"
+    assert p["controller.listener.names"] == "CONTROLLER"
+    assert p["controller.quorum.voters"] == "0@127.0.0.1:24292"
+
+
+def test_three_nodes_behind_a_proxy_keep_replication_and_quorum_off_it() -> None:
+    for node in range(3):
+        p = props(node, 3, BEHIND)
+        assert p["listeners"] == (
+            f"PLAINTEXT://127.0.0.1:{24192 + node},INTERNAL://127.0.0.1:{24242 + node},"
+            f"CONTROLLER://127.0.0.1:{24292 + node}"
+        )
+        assert p["advertised.listeners"] == (
+            f"PLAINTEXT://127.0.0.1:{24200 + node},INTERNAL://127.0.0.1:{24242 + node}"
+        )
+        # Brokers reach each other through these: none may be an advertised client port.
+        assert p["controller.quorum.voters"] == (
+            "0@127.0.0.1:24292,1@127.0.0.1:24293,2@127.0.0.1:24294"
+        )
+        assert p["inter.broker.listener.name"] == "INTERNAL"
+    assert BEHIND.node_ports(2) == [24194, 24244, 24294]
+
+
+@pytest.mark.parametrize("advertised", [24190, 24194, 24240, 24292, 24294])
+def test_advertised_ports_must_not_overlap_the_nodes_own_ports(advertised: int) -> None:
+    with pytest.raises(ValueError, match="overlap"):
+        Ports(kafka_base=24192, advertised_kafka_base=advertised)
+
+
+def test_advertised_port_from_environment() -> None:
+    env = {"DEDUP_LOCAL_KAFKA_PORT": "24192", "DEDUP_LOCAL_KAFKA_ADVERTISED_PORT": "24200"}
+    assert Ports.from_env(env) == Ports(kafka_base=24192, advertised_kafka_base=24200)
+    assert Ports.from_env({"DEDUP_LOCAL_KAFKA_ADVERTISED_PORT": " "}).advertised_kafka_base is None
+    with pytest.raises(ValueError, match="DEDUP_LOCAL_KAFKA_ADVERTISED_PORT"):
+        Ports.from_env({"DEDUP_LOCAL_KAFKA_ADVERTISED_PORT": "proxy"})
+
+
+def write_state(home: Path, **fields: object) -> None:
+    state = {
+        "version": 1,
+        "brokers": 3,
+        "cluster_id": "abc",
+        "kafka_port_base": 24192,
+        "redis_port": 17379,
+        "kafka_version": paths.KAFKA_VERSION,
+        **fields,
+    }
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "state.json").write_text(json.dumps(state))
+
+
+def test_info_gives_clients_the_advertised_addresses(tmp_path: Path) -> None:
+    write_state(tmp_path, kafka_advertised_port_base=24200)
+    info = LocalEnvironment(home=tmp_path, ports=BEHIND).info()
+    assert info.bootstrap == "127.0.0.1:24200,127.0.0.1:24201,127.0.0.1:24202"
+    assert info.brokers[1] == "127.0.0.1:24201"
+    status = LocalEnvironment(home=tmp_path).status()
+    assert status["nodes"]["2"]["address"] == "127.0.0.1:24202"
+    assert status["nodes"]["2"]["listen"] == "127.0.0.1:24194"
+
+
+def test_a_state_file_without_advertised_ports_still_loads(tmp_path: Path) -> None:
+    write_state(tmp_path)  # as written before brokers could advertise other ports
+    info = LocalEnvironment(home=tmp_path).info()
+    assert info.bootstrap == "127.0.0.1:24192,127.0.0.1:24193,127.0.0.1:24194"
+
+
+# --- Toxiproxy install ----------------------------------------------------------------------
+
+SETUP_SH = Path(__file__).resolve().parents[2] / "deploy" / "setup.sh"
+
+
+def test_setup_installs_the_versions_the_code_expects() -> None:
+    text = SETUP_SH.read_text()
+    assert f'\nKAFKA_VERSION="{paths.KAFKA_VERSION}"\n' in text
+    assert f'\nTOXIPROXY_VERSION="{paths.TOXIPROXY_VERSION}"\n' in text
+
+
+def test_toxiproxy_lives_in_the_cache_next_to_the_kafka_jars(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    assert paths.toxiproxy_dir(env) == tmp_path / "kafka-dedup-proxy" / "toxiproxy-2.12.0"
+    assert paths.toxiproxy_dir(env).parent == paths.kafka_cache_dir(env).parent
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(MissingRuntimeError, match=r"deploy/setup\.sh"):
+        paths.toxiproxy_server()
+    binary = paths.toxiproxy_dir() / "toxiproxy-server"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    assert paths.toxiproxy_server() == str(binary)

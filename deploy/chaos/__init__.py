@@ -1,0 +1,1 @@
+"""The chaos suite: the seed's dedup experiment, reproduced against the proxy."""

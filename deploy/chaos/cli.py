@@ -1,0 +1,112 @@
+"""``dedup-proxy chaos run``: the seed's dedup experiment against the proxy."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, cast
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from deploy.chaos.producers import CLIENTS, MAX_IN_FLIGHT, Client
+from deploy.chaos.report import plot_summary, render_table, summarize
+from deploy.chaos.runner import RunPlan, run_plan
+from deploy.chaos.scenarios import SCENARIOS, FaultSettings
+from deploy.chaos.topology import ChaosTopology
+
+chaos_app = typer.Typer(
+    help="Fault injection: producers through the proxy, checked for "
+    "duplicates, losses and reordering."
+)
+console = Console()
+
+
+@chaos_app.command("run")
+def run(
+    scenario: Annotated[
+        str, typer.Option(help=f"one of: {', '.join(SCENARIOS)}, or all")
+    ] = "kill-tcp",
+    runs: Annotated[int, typer.Option(min=1, help="runs per dedup setting")] = 5,
+    messages: Annotated[int, typer.Option(min=1, help="messages per run")] = 100_000,
+    fail_at: Annotated[int, typer.Option(min=0, help="inject the failure at this count")] = 20_000,
+    dedup: Annotated[str, typer.Option(help="on, off or both")] = "both",
+    client: Annotated[str, typer.Option(help=f"one of: {', '.join(CLIENTS)}")] = CLIENTS[0],
+    fault_s: Annotated[float, typer.Option(help="how long the failure lasts")] = 10.0,
+    latency_ms: Annotated[
+        int, typer.Option(help="latency on the brokers' responses, every scenario (the seed's)")
+    ] = 20,
+    slow_latency_ms: Annotated[int, typer.Option(help="slow-network's latency, every hop")] = 100,
+    retry_for_s: Annotated[float, typer.Option(help="how long producers retry")] = 300.0,
+    results: Annotated[Path | None, typer.Option(help="results directory")] = None,
+    keep_env: Annotated[bool, typer.Option(help="leave Kafka, Redis, Toxiproxy up")] = False,
+) -> None:
+    """Run a scenario; exit 1 if any dedup-on run shows a duplicate, a loss or a jump."""
+    names = list(SCENARIOS) if scenario == "all" else [scenario]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise typer.BadParameter(f"unknown scenario {unknown[0]!r}; one of {', '.join(SCENARIOS)}")
+    if client not in CLIENTS:
+        raise typer.BadParameter(f"unknown client {client!r}; one of {', '.join(CLIENTS)}")
+    settings = {"on": (True,), "off": (False,), "both": (False, True)}.get(dedup)
+    if settings is None:
+        raise typer.BadParameter("--dedup must be on, off or both")
+    if not MAX_IN_FLIGHT < fail_at < messages:
+        raise typer.BadParameter(
+            f"--fail-at must be above the {MAX_IN_FLIGHT:,} messages in flight (so the failure "
+            "meets writes that were acknowledged) and below --messages"
+        )
+    root = results or Path("chaos-results") / time.strftime("%Y%m%d-%H%M%S")
+    topology = ChaosTopology()
+    console.print("bringing up 3 Kafka brokers, Redis and Toxiproxy ...")
+    topology.up()
+    dirty = False
+    try:
+        for name in names:
+            directory = root / name
+            directory.mkdir(parents=True, exist_ok=True)
+            plan = RunPlan(
+                SCENARIOS[name],
+                runs,
+                messages,
+                fail_at,
+                settings,
+                client=cast(Client, client),
+                fault=FaultSettings(fault_s, latency_ms, slow_latency_ms),
+                retry_for_s=retry_for_s,
+            )
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            ) as bar:
+                task = bar.add_task(name, total=messages)
+
+                def progress(
+                    what: str, done: int, total: int, task: TaskID = task, name: str = name
+                ) -> None:
+                    bar.update(task, description=f"{name} {what}", completed=done, total=total)
+
+                run_plan(plan, topology, directory, progress)
+            csv_path = directory / f"test-{name}_dedup_output.csv"
+            summary = summarize(csv_path)
+            plot_summary(csv_path, directory / f"test-{name}.png", f"{name} ({client})")
+            console.print(render_table(summary))
+            console.print(f"results in {directory}")
+            dirty = dirty or not summary.dedup_on_clean
+    finally:
+        if not keep_env:
+            topology.down()
+    if dirty:
+        console.print("[red]a dedup-on run shows duplicates, losses or jumps[/]")
+        raise typer.Exit(1)

@@ -1,0 +1,169 @@
+"""One chaos scenario, run N times with dedup off (the control) and N times with it on.
+
+Per run: a fresh topic (one partition, replication factor 3), the producer sends
+0..messages-1 through the proxy, the scenario's failure goes in when ``fail_at`` messages
+have been sent, the producer waits for every acknowledgement (retrying for up to
+``retry_for_s``), then the whole partition is read back from Kafka and classified
+(`deploy.chaos.classify`); the row and the jump events are written at once
+(`deploy.chaos.report`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from deploy.chaos.classify import RunResult, classify_run
+from deploy.chaos.producers import Client, ProducerRun, produce
+from deploy.chaos.report import ResultsWriter
+from deploy.chaos.scenarios import FaultSettings, Scenario
+from deploy.chaos.topology import BROKERS, ChaosTopology
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    scenario: Scenario
+    runs: int
+    messages: int
+    fail_at: int
+    dedup: tuple[bool, ...]  # (False, True) for both
+    client: Client = "confluent-explicit"
+    fault: FaultSettings = field(default_factory=FaultSettings)
+    retry_for_s: float = 300.0
+
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+def run_plan(
+    plan: RunPlan, topology: ChaosTopology, results: Path, progress: Progress
+) -> list[RunResult]:
+    """Every run of the plan, in order: all control runs, then all dedup runs."""
+    writer = ResultsWriter(results, f"test-{plan.scenario.name}")
+    outcomes = []
+    for dedup in plan.dedup:
+        topology.start_proxy(dedup, results / f"proxy-dedup-{'on' if dedup else 'off'}.log")
+        try:
+            for number in range(1, plan.runs + 1):
+                outcome = _one_run(plan, topology, results, dedup, number, progress)
+                writer.append(outcome)
+                outcomes.append(outcome)
+        finally:
+            topology.stop_proxy()
+    return outcomes
+
+
+def _one_run(
+    plan: RunPlan,
+    topology: ChaosTopology,
+    results: Path,
+    dedup: bool,
+    number: int,
+    progress: Progress,
+) -> RunResult:
+    label = f"dedup {'on' if dedup else 'off'} run {number}/{plan.runs}"
+    topic = _fresh_topic(topology.kafka_bootstrap)
+    sending = ProducerRun(plan.messages)
+    plan.scenario.before_run(topology, topic, plan.fault)
+    healer = threading.Thread(
+        target=plan.scenario.heal,
+        args=(topology, plan.fault, results),
+        name=f"heal-{plan.scenario.name}",
+        daemon=True,
+    )
+    in_flight_at_fault: list[int] = []
+
+    def on_sent(count: int) -> None:
+        if count >= plan.fail_at and not in_flight_at_fault:
+            in_flight_at_fault.append(count - sending.acked)
+            plan.scenario.inject(topology, topic, plan.fault)
+            healer.start()
+        if count % 1000 == 0:
+            progress(f"{label}: sending", count, plan.messages)
+
+    try:
+        produce(
+            plan.client,
+            topology.client_bootstrap,
+            topic,
+            sending,
+            dedup=dedup,
+            on_sent=on_sent,
+            retry_for_s=plan.retry_for_s,
+            work_dir=results,
+        )
+        if in_flight_at_fault:
+            healer.join()
+    finally:
+        plan.scenario.after_run(topology)
+    progress(f"{label}: reading back", 0, plan.messages)
+    values = list(_read_back(topology.kafka_bootstrap, topic))
+    outcome = classify_run(
+        values, sending.acks, start=0, dedup_enabled=dedup, run=number, send_count=sending.sent
+    )
+    log.info(
+        "chaos run done",
+        scenario=plan.scenario.name,
+        run=label,
+        in_flight_at_fault=in_flight_at_fault[0] if in_flight_at_fault else None,
+        producer_error=sending.error,
+        **{k: v for k, v in outcome.row.items() if k not in ("DedupEnabled", "TestRun")},
+    )
+    AdminClient({"bootstrap.servers": topology.kafka_bootstrap}).delete_topics([topic])
+    return outcome
+
+
+def _fresh_topic(bootstrap: str) -> str:
+    name = f"chaos-{time.time_ns()}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config = {"min.insync.replicas": "2"}
+    admin.create_topics([NewTopic(name, 1, BROKERS, config=config)])[name].result(60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # metadata lags the creation a moment
+        found = admin.list_topics(name, timeout=10).topics.get(name)
+        leader = -1
+        if found is not None and found.error is None and 0 in found.partitions:
+            leader = found.partitions[0].leader
+        if leader >= 0:
+            return name
+        time.sleep(0.1)
+    raise TimeoutError(f"topic {name} got no leader")
+
+
+def _read_back(bootstrap: str, topic: str) -> Iterator[int]:
+    """Every record of partition 0, in log order, as the integer it carries."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "chaos-read-back",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_uncommitted",
+        }
+    )
+    try:
+        partition = TopicPartition(topic, 0)
+        _, end = consumer.get_watermark_offsets(partition, timeout=30)
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        position = 0
+        deadline = time.monotonic() + 300
+        while position < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"read back of {topic} stopped at {position} of {end}")
+            for message in consumer.consume(1000, 0.5):
+                if message.error() is not None:
+                    position = max(position, message.offset() or 0)
+                    continue
+                position = (message.offset() or 0) + 1
+                yield int(message.value() or b"-1")
+    finally:
+        consumer.close()
