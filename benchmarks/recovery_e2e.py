@@ -245,19 +245,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory for CSV, JSON, PNG")
     parser.add_argument("--quick", action="store_true", help="tails up to 100k, fewer records")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keep-env", action="store_true", help="leave Kafka and Redis up")
     args = parser.parse_args(argv)
     tails = QUICK_TAILS if args.quick else TAILS
     records = 50_000 if args.quick else 200_000
-    info = LocalEnvironment().up(brokers=1)
+    environment = LocalEnvironment()
+    info = environment.up(brokers=1)
     args.out.mkdir(parents=True, exist_ok=True)
-    with (
-        dedup_proxy(info, "snapshots-on", SNAPSHOTS_ON, args.out) as on,
-        dedup_proxy(info, "snapshots-off", SNAPSHOTS_OFF, args.out) as off,
-    ):
-        recovery = measure_recovery(info, off, tails, args.rounds)
-        produce = measure_snapshot_cost(
-            info, {"snapshots-on": on, "snapshots-off": off}, records, args.rounds
-        )
+    try:
+        with (
+            dedup_proxy(info, "snapshots-on", SNAPSHOTS_ON, args.out) as on,
+            dedup_proxy(info, "snapshots-off", SNAPSHOTS_OFF, args.out) as off,
+        ):
+            recovery = measure_recovery(info, off, tails, args.rounds)
+            produce = measure_snapshot_cost(
+                info, {"snapshots-on": on, "snapshots-off": off}, records, args.rounds
+            )
+    finally:
+        if not args.keep_env:
+            environment.down()
     summary = write_outputs(args.out, recovery, produce)
     print(json.dumps(summary, indent=2))
     return 0

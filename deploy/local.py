@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import logging
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,14 @@ from confluent_kafka.admin import AdminClient
 
 from deploy import config, paths
 from deploy.config import HOST, Ports
-from deploy.processes import ManagedProcess, port_open, stop_all, tail, wait_port_closed
+from deploy.processes import (
+    ManagedProcess,
+    home_lock,
+    port_open,
+    stop_all,
+    tail,
+    wait_port_closed,
+)
 
 STATE_VERSION = 1
 DEFAULT_START_TIMEOUT = 180.0
@@ -169,15 +174,8 @@ class LocalEnvironment:
 
     # --- state --------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.home.mkdir(parents=True, exist_ok=True)
-        with (self.home / "lock").open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return home_lock(self.home)
 
     def _load_state(self) -> _State | None:
         try:

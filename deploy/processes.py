@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,3 +211,15 @@ def stop_all(processes: list[ManagedProcess], timeout: float) -> None:
             proc.kill()
     for proc in processes:
         proc.forget()
+
+
+@contextlib.contextmanager
+def home_lock(home: Path) -> Iterator[None]:
+    """Hold the state home's lock: one command at a time starts or stops what lives there."""
+    home.mkdir(parents=True, exist_ok=True)
+    with (home / "lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -25,14 +25,13 @@ errors other than 400/404/409 pass as success, and has had no release since 2019
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -40,7 +39,14 @@ from typing import Any, Literal
 
 from deploy import paths
 from deploy.config import HOST
-from deploy.processes import ManagedProcess, port_open, stop_all, tail, wait_port_closed
+from deploy.processes import (
+    ManagedProcess,
+    home_lock,
+    port_open,
+    stop_all,
+    tail,
+    wait_port_closed,
+)
 
 Direction = Literal["downstream", "upstream", "both"]
 DEFAULT_API_PORT = 8474
@@ -364,15 +370,8 @@ class ToxiproxyServer(Toxiproxy):
             marker=str(self.config_file),
         )
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.home.mkdir(parents=True, exist_ok=True)
-        with (self.home / "lock").open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return home_lock(self.home)
 
     def is_running(self) -> bool:
         return self._process().is_running()

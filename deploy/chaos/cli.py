@@ -48,6 +48,13 @@ def run(
     retry_for_s: Annotated[float, typer.Option(help="how long producers retry")] = 300.0,
     results: Annotated[Path | None, typer.Option(help="results directory")] = None,
     keep_env: Annotated[bool, typer.Option(help="leave Kafka, Redis, Toxiproxy up")] = False,
+    port_shift: Annotated[
+        int,
+        typer.Option(
+            envvar="DEDUP_CHAOS_PORT_SHIFT",
+            help="move every port of the chaos environment (22092.. by default) by this much",
+        ),
+    ] = 0,
 ) -> None:
     """Run a scenario; exit 1 if any dedup-on run shows a duplicate, a loss or a jump."""
     names = list(SCENARIOS) if scenario == "all" else [scenario]
@@ -65,7 +72,7 @@ def run(
             "meets writes that were acknowledged) and below --messages"
         )
     root = results or Path("chaos-results") / time.strftime("%Y%m%d-%H%M%S")
-    topology = ChaosTopology()
+    topology = ChaosTopology(port_shift)
     console.print("bringing up 3 Kafka brokers, Redis and Toxiproxy ...")
     topology.up()
     dirty = False

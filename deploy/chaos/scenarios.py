@@ -11,7 +11,8 @@ but unacknowledged batch behind, and the control of ``kill-leader`` shows nothin
 
 - ``kill-tcp``: every connection cut, repeatedly (once a second) for ``fault_s`` (the
   seed's tcpkill for 10 s): client to proxy and proxy to Kafka.
-- ``kill-leader``: SIGKILL of the partition's leader; it is restarted after ``fault_s``.
+- ``kill-leader``: SIGKILL of the partition's leader, its connections dropped at once as
+  when its host dies; it is restarted after ``fault_s``.
 - ``kill-proxy``: SIGKILL of the proxy, restarted half a second later.
 - ``redis-flush``: FLUSHDB, and the client connections cut for ``fault_s``.
 - ``redis-restart``: Redis killed and restarted empty, and the client connections cut.
@@ -27,10 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import structlog
 from confluent_kafka.admin import AdminClient
 
-from deploy.chaos.topology import ChaosTopology
+from deploy.chaos.topology import ChaosTopology, broker_link
+from deploy.local import LocalEnvError
 from deploy.toxiproxy import BackgroundCuts
+
+log = structlog.get_logger(__name__)
 
 CUT_EVERY_S: Final = 1.0
 
@@ -91,8 +96,11 @@ def _find_leader(topology: ChaosTopology, topic: str, settings: FaultSettings) -
 
 
 def _kill_leader(topology: ChaosTopology, topic: str, _settings: FaultSettings) -> None:
-    _leader["killed"] = _leader.pop(topic)
-    topology.environment.kill_broker(_leader["killed"])
+    leader = _leader["killed"] = _leader.pop(topic)
+    # As when its host dies: the answers it had on the wire (held back by the latency)
+    # never arrive, which is what leaves written but unacknowledged batches behind.
+    topology.toxiproxy.cut(broker_link(leader))
+    topology.environment.kill_broker(leader)
 
 
 def _restart_leader(topology: ChaosTopology, settings: FaultSettings, _logs: Path) -> None:
@@ -120,7 +128,11 @@ def _redis_flush(topology: ChaosTopology, _topic: str, settings: FaultSettings) 
 def _redis_restart(topology: ChaosTopology, _topic: str, settings: FaultSettings) -> None:
     _cut_clients(topology, settings)
     topology.environment.kill_redis()
-    topology.environment.start_redis(empty=True)
+    try:
+        topology.environment.start_redis(empty=True)
+    except LocalEnvError as exc:  # a Redis that dies as it starts: give it one more go
+        log.warning("Redis did not come back; starting it again", error=str(exc))
+        topology.environment.start_redis(empty=True)
 
 
 def _slow_brokers(topology: ChaosTopology, settings: FaultSettings) -> None:

@@ -46,8 +46,11 @@ def chaos_home() -> Path:
 
 @dataclass
 class ChaosTopology:
-    """The environment of a chaos run, brought up once and reused by every run."""
+    """The environment of a chaos run, brought up once and reused by every run.
+    ``port_shift`` moves every port (and the state home) so that two suites can run at
+    once on one machine."""
 
+    port_shift: int = 0
     home: Path = field(default_factory=chaos_home)
     environment: LocalEnvironment = field(init=False)
     toxiproxy: ToxiproxyServer = field(init=False)
@@ -58,11 +61,18 @@ class ChaosTopology:
     key_prefix: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:8]}")
 
     def __post_init__(self) -> None:
+        if self.port_shift:
+            self.home = self.home.with_name(f"{self.home.name}-{self.port_shift}")
         ports = Ports(
-            kafka_base=KAFKA_BASE, redis=REDIS_PORT, advertised_kafka_base=KAFKA_ADVERTISED_BASE
+            kafka_base=self._port(KAFKA_BASE),
+            redis=self._port(REDIS_PORT),
+            advertised_kafka_base=self._port(KAFKA_ADVERTISED_BASE),
         )
         self.environment = LocalEnvironment(home=self.home / "local", ports=ports)
-        self.toxiproxy = ToxiproxyServer(self.home / "toxiproxy", TOXIPROXY_API)
+        self.toxiproxy = ToxiproxyServer(self.home / "toxiproxy", self._port(TOXIPROXY_API))
+
+    def _port(self, port: int) -> int:
+        return port + self.port_shift
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -71,17 +81,19 @@ class ChaosTopology:
         for node in range(BROKERS):
             self.toxiproxy.link(
                 broker_link(node),
-                f"{HOST}:{KAFKA_ADVERTISED_BASE + node}",
-                f"{HOST}:{KAFKA_BASE + node}",
+                f"{HOST}:{self._port(KAFKA_ADVERTISED_BASE) + node}",
+                f"{HOST}:{self._port(KAFKA_BASE) + node}",
             )
         self.toxiproxy.link(
-            "client-bootstrap", f"{HOST}:{CLIENT_BOOTSTRAP}", f"{HOST}:{PROXY_LISTEN}"
+            "client-bootstrap",
+            f"{HOST}:{self._port(CLIENT_BOOTSTRAP)}",
+            f"{HOST}:{self._port(PROXY_LISTEN)}",
         )
         for node in range(BROKERS):
             self.toxiproxy.link(
                 client_link(node),
-                f"{HOST}:{CLIENT_BROKER_BASE + node}",
-                f"{HOST}:{PROXY_BROKER_BASE + node}",
+                f"{HOST}:{self._port(CLIENT_BROKER_BASE) + node}",
+                f"{HOST}:{self._port(PROXY_BROKER_BASE) + node}",
             )
         self.info = self.environment.up(brokers=BROKERS)
         return self.info
@@ -98,20 +110,22 @@ class ChaosTopology:
         assert self.info is not None
         self.dedup = dedup
         self.log_dir = log_path.parent
-        upstream = ",".join(f"{HOST}:{KAFKA_ADVERTISED_BASE + n}" for n in range(BROKERS))
+        upstream = ",".join(
+            f"{HOST}:{self._port(KAFKA_ADVERTISED_BASE) + n}" for n in range(BROKERS)
+        )
         self.proxy = ProxyProcess(
             upstream=upstream,
-            listen_port=PROXY_LISTEN,
-            admin_port=PROXY_ADMIN,
+            listen_port=self._port(PROXY_LISTEN),
+            admin_port=self._port(PROXY_ADMIN),
             extra_args=[
-                *("--broker-port-base", str(PROXY_BROKER_BASE)),
+                *("--broker-port-base", str(self._port(PROXY_BROKER_BASE))),
                 *("--log-format", "json"),
                 *([] if dedup else ["--no-dedup"]),
             ],
             env={
                 "DEDUP_PROXY_REDIS": self.info.redis,
                 "DEDUP_PROXY_REDIS_KEY_PREFIX": self.key_prefix,
-                "DEDUP_PROXY_ADVERTISED_BROKER_PORT_BASE": str(CLIENT_BROKER_BASE),
+                "DEDUP_PROXY_ADVERTISED_BROKER_PORT_BASE": str(self._port(CLIENT_BROKER_BASE)),
                 "DEDUP_PROXY_INSTANCE_ID": "chaos",
                 "DEDUP_PROXY_METADATA_REFRESH_S": "2",
             },
@@ -136,7 +150,7 @@ class ChaosTopology:
     @property
     def client_bootstrap(self) -> str:
         """What the producers are given: the proxy, through Toxiproxy."""
-        return f"{HOST}:{CLIENT_BOOTSTRAP}"
+        return f"{HOST}:{self._port(CLIENT_BOOTSTRAP)}"
 
     @property
     def kafka_bootstrap(self) -> str:
