@@ -93,6 +93,7 @@ class _Work:
     dropped: int = 0
     checked: bool = False
     token: str = ""  # the partition's recovery token when it was checked
+    kept: int = 0  # records left to write after the check
     ticket: _Ticket | None = None  # its place in the partition's AckCursor, once submitted
 
     @property
@@ -327,7 +328,7 @@ class DedupEngine:
                 [r for r, k in zip(batch.records, keep, strict=True) if k]
                 for batch, keep in zip(item.batches, item.keep, strict=True)
             ]
-            count = sum(len(records) for records in kept)
+            count = item.kept = sum(len(records) for records in kept)
             if count == 0:  # every record was a duplicate: success, nothing to write
                 item.answer = PartitionAnswer()
                 continue
@@ -363,7 +364,7 @@ class DedupEngine:
             written_records = 0
             end_offset = None
             if result.written:
-                written_records = sum(sum(keep) for keep in item.keep)
+                written_records = item.kept
                 if result.base_offset >= 0:
                     end_offset = result.base_offset + written_records
                 if item.checked:

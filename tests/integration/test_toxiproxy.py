@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from deploy import paths
@@ -26,6 +26,7 @@ from deploy.config import Ports
 from deploy.local import EnvInfo, LocalEnvironment
 from deploy.paths import MissingRuntimeError
 from deploy.toxiproxy import ToxiproxyServer
+from tests.integration.test_local_env import consume
 from tests.integration.topics import new_topic
 
 pytestmark = pytest.mark.integration
@@ -216,7 +217,7 @@ def test_produce_and_consume_through_toxiproxy(kafka: EnvInfo) -> None:
     sent = [f"m-{i}" for i in range(200)]
     errors = produce_all(kafka.bootstrap, topic, sent)
     assert errors == []
-    assert consume_all(kafka.bootstrap, topic, len(sent)) == sent
+    assert consume(kafka.bootstrap, topic, len(sent)) == sent
 
 
 def test_producer_delivers_everything_while_its_connections_are_cut(
@@ -249,7 +250,7 @@ def test_producer_delivers_everything_while_its_connections_are_cut(
     disconnects = client_log.count("Disconnected")
     assert disconnects >= 4, client_log.messages
     # Idempotence keeps retried batches from being written twice or out of order.
-    assert consume_all(kafka.bootstrap, topic, len(sent)) == sent
+    assert consume(kafka.bootstrap, topic, len(sent)) == sent
 
 
 def test_latency_slows_every_produce_by_at_least_the_delay(
@@ -319,27 +320,3 @@ def produce_latencies(producer: Producer, topic: str, count: int) -> list[float]
         assert producer.flush(30) == 0
         took.append(time.monotonic() - started)
     return took
-
-
-def consume_all(bootstrap: str, topic: str, count: int) -> list[str]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"toxiproxy-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    values: list[str] = []
-    deadline = time.monotonic() + 60
-    try:
-        while len(values) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            values.append(msg.value().decode())
-    finally:
-        consumer.close()
-    return values
