@@ -1,6 +1,6 @@
-"""Where the local environment's pieces live: the Kafka jars and the Toxiproxy server (a
-cache outside the repo, filled by deploy/setup.sh), the state home, the packaged config
-files, the executables."""
+"""Where the local environment's pieces live: the Kafka jars, Spark's Kafka source and the
+Toxiproxy server (a cache outside the repo, filled by deploy/setup.sh), the state home, the
+packaged config files, the executables."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 KAFKA_VERSION = "4.3.1"
 # deploy/setup.sh builds this release with Go; keep the two in step.
 TOXIPROXY_VERSION = "2.12.0"
+# The pinned pyspark's version; deploy/setup.sh resolves Spark's Kafka source at it.
+SPARK_VERSION = "4.0.0"
 RESOURCES = Path(__file__).resolve().parent / "kafka"
 KAFKA_LOG4J2_CONFIG = RESOURCES / "log4j2.properties"
 TOOLS_LOG4J2_CONFIG = RESOURCES / "tools-log4j2.properties"
@@ -41,6 +43,10 @@ def kafka_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 def toxiproxy_dir(environ: Mapping[str, str] | None = None) -> Path:
     return cache_dir(environ) / f"toxiproxy-{TOXIPROXY_VERSION}"
+
+
+def spark_jars_dir(environ: Mapping[str, str] | None = None) -> Path:
+    return cache_dir(environ) / f"spark-{SPARK_VERSION}" / "jars"
 
 
 def kafka_libs_dir(environ: Mapping[str, str] | None = None) -> Path:

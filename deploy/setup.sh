@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a machine for kafka-dedup-proxy: the Python virtualenv, Redis and kcat, a Java
-# runtime with Maven, the Kafka 4.3.1 jars resolved from deploy/kafka/pom.xml, and the
-# Toxiproxy 2.12.0 server (built with Go) the chaos suite injects network faults with.
+# runtime with Maven, the Kafka 4.3.1 jars resolved from deploy/kafka/pom.xml, Spark's Kafka
+# source for the Spark job (deploy/spark/pom.xml), and the Toxiproxy 2.12.0 server (built
+# with Go) the chaos suite injects network faults with.
 # Idempotent and quick on a machine that is already set up: each step is skipped when its
 # result is present (the slow ones are keyed by a hash of their input file, or a version).
 set -euo pipefail
@@ -127,24 +128,39 @@ if ! command -v mvn >/dev/null 2>&1; then
     command -v mvn >/dev/null 2>&1 || die "mvn still missing after apt-get install"
 fi
 
-# --- Kafka jars --------------------------------------------------------------------------
-POM_STAMP="$KAFKA_CACHE/.pom.sha256"
-if [ "$(cat "$POM_STAMP" 2>/dev/null || true)" != "$(hash_of "$POM")" ] ||
-    [ ! -f "$LIBS/kafka_2.13-$KAFKA_VERSION.jar" ]; then
-    say "resolving Kafka $KAFKA_VERSION jars into $LIBS"
-    mkdir -p "$KAFKA_CACHE"
-    # Resolve into a fresh directory and swap it in, so a failed run leaves no half classpath.
-    staging="$(mktemp -d "$KAFKA_CACHE/libs.XXXXXX")"
+# --- Kafka jars and Spark's Kafka source --------------------------------------------------
+# Copies the runtime jars a pinned descriptor resolves to into a directory, keyed by the
+# descriptor's hash. Resolves into a fresh directory and swaps it in, so a failed run leaves
+# no half classpath. Arguments: label, pom, destination, a jar that must be there, then any
+# extra Maven arguments.
+resolve_jars() {
+    local label="$1" pom="$2" dest="$3" marker="$4"
+    shift 4
+    local stamp="$dest/.pom.sha256" staging
+    if [ "$(cat "$stamp" 2>/dev/null || true)" = "$(hash_of "$pom")" ] && [ -f "$dest/$marker" ]; then
+        say "$label jars up to date"
+        return 0
+    fi
+    say "resolving $label jars into $dest"
+    mkdir -p "$(dirname "$dest")"
+    staging="$(mktemp -d "$(dirname "$dest")/jars.XXXXXX")"
     trap 'rm -rf "$staging"' EXIT
-    quietly mvn -B -Dstyle.color=never -f "$POM" dependency:copy-dependencies \
+    quietly mvn -B -Dstyle.color=never "$@" -f "$pom" dependency:copy-dependencies \
         -DoutputDirectory="$staging" -DincludeScope=runtime
-    rm -rf "$LIBS"
-    mv "$staging" "$LIBS"
+    [ -f "$staging/$marker" ] || die "$label: $marker missing after resolving $pom"
+    hash_of "$pom" >"$staging/.pom.sha256"
+    rm -rf "$dest"
+    mv "$staging" "$dest"
     trap - EXIT
-    hash_of "$POM" >"$POM_STAMP"
-else
-    say "Kafka $KAFKA_VERSION jars up to date"
-fi
+}
+
+resolve_jars "Kafka $KAFKA_VERSION" "$POM" "$LIBS" "kafka_2.13-$KAFKA_VERSION.jar"
+
+# Same version as the pinned pyspark (pyproject.toml) and as deploy/paths.py SPARK_VERSION.
+SPARK_VERSION="$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')"
+resolve_jars "Spark $SPARK_VERSION Kafka source" "$ROOT/deploy/spark/pom.xml" \
+    "$CACHE_HOME/kafka-dedup-proxy/spark-$SPARK_VERSION/jars" \
+    "spark-sql-kafka-0-10_2.13-$SPARK_VERSION.jar" -s "$ROOT/deploy/spark/maven-settings.xml"
 
 # --- Toxiproxy ----------------------------------------------------------------------------
 # Built from source through the Go module proxy, which build machines reach more often than

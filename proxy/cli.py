@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from dedup.cli import policy_app, producers, recover, snapshot, snapshots
+from dedup.spark.cli import spark_app
 from deploy.chaos.cli import chaos_app
 from deploy.cli import local_app
 from proxy.config import ConfigError, load_settings
@@ -22,6 +23,7 @@ app = typer.Typer(
 app.add_typer(local_app, name="local", help="The local Kafka + Redis the project runs on.")
 app.add_typer(policy_app, name="policy", help="Read and change dedup policies.")
 app.add_typer(chaos_app, name="chaos", help="The seed's dedup experiment: faults under load.")
+app.add_typer(spark_app, name="spark", help="The Spark job reading a deduplicated topic.")
 app.command("producers")(producers)
 app.command("snapshots")(snapshots)
 app.command("snapshot")(snapshot)
@@ -82,15 +84,20 @@ def serve(
 
 @app.command()
 def demo(
-    keep_running: Annotated[
-        bool, typer.Option(help="leave Kafka, Redis and the proxy running afterwards")
-    ] = False,
-    messages: Annotated[int, typer.Option(help="messages the demo client sends")] = 10_000,
+    small: Annotated[bool, typer.Option(help="a reduced size (about a minute of load)")] = False,
+    report: Annotated[
+        Path | None, typer.Option(help="also write the report as JSON to this file")
+    ] = None,
+    work_dir: Annotated[
+        Path | None, typer.Option(help="where sources, Spark's sink, chart and logs go")
+    ] = None,
 ) -> None:
-    """Start local Kafka + Redis + the proxy and show clients working through the proxy."""
-    from proxy.demo import run_demo
+    """The main job: local Kafka + Redis + the proxy, loaders replaying files through the
+    proxy and straight into Kafka while loaders, the proxy and the Spark job are killed,
+    Spark reading both topics; a report, a chart and, with --report, JSON."""
+    from deploy.demo.scenario import FULL, SMALL, run_demo
 
-    raise typer.Exit(run_demo(messages=messages, keep_running=keep_running))
+    raise typer.Exit(run_demo(SMALL if small else FULL, report_path=report, work_dir=work_dir))
 
 
 def main() -> None:

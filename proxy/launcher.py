@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import IO, Any
 
 
-def _die_with_parent() -> None:
+def set_parent_death_signal() -> None:
     """In the child before exec: ask Linux to SIGTERM it when its parent process dies."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -81,7 +81,7 @@ class ProxyProcess:
             stdout=output,
             stderr=output,
             env={**os.environ, **self.env},
-            preexec_fn=_die_with_parent if self.die_with_parent else None,
+            preexec_fn=set_parent_death_signal if self.die_with_parent else None,
         )
         self.wait_healthy(timeout_s)
         return self

@@ -1,0 +1,85 @@
+"""The Spark session the job runs in: pinned pyspark, Spark's Kafka source from the local
+cache (no network at start), sized for a small machine unless told otherwise."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deploy.paths import SETUP_HINT, SPARK_VERSION, MissingRuntimeError, spark_jars_dir
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d[^-]*(?:-[A-Za-z0-9.]+)?)\.jar$")
+
+
+@dataclass(frozen=True)
+class SparkResources:
+    """Where and how big the job runs. `master` and the Kafka bootstrap (in the job's
+    config) are the only things that change on a real cluster."""
+
+    master: str = "local[2]"
+    driver_memory: str = "1g"
+    shuffle_partitions: int = 2
+    app_name: str = "kafka-dedup-spark"
+
+
+def kafka_source_jars(jars_dir: Path | None = None) -> list[Path]:
+    """The Kafka source's jars that pyspark does not already ship (same artifact, maybe
+    another version: two copies of a class on one classpath is how Spark jobs break)."""
+    import pyspark
+
+    if pyspark.__version__ != SPARK_VERSION:
+        raise MissingRuntimeError(
+            f"pyspark {pyspark.__version__} is installed, the job needs {SPARK_VERSION}: "
+            f"{SETUP_HINT}"
+        )
+    directory = jars_dir or spark_jars_dir()
+    source = directory / f"spark-sql-kafka-0-10_2.13-{SPARK_VERSION}.jar"
+    if not source.is_file():
+        raise MissingRuntimeError(f"Spark's Kafka source not found in {directory}: {SETUP_HINT}")
+    shipped_dir = Path(pyspark.__file__).parent / "jars"
+    shipped = {_artifact(jar.name) for jar in shipped_dir.glob("*.jar")}
+    return sorted(jar for jar in directory.glob("*.jar") if _artifact(jar.name) not in shipped)
+
+
+def _artifact(file_name: str) -> str:
+    match = _JAR_NAME.match(file_name)
+    return match.group("artifact") if match else file_name
+
+
+def start_session(resources: SparkResources | None = None) -> SparkSession:
+    """A Spark session with the Kafka source on its classpath. Python workers run this
+    interpreter, so they see the same packages (pandas, pyarrow) as the driver."""
+    from pyspark.sql import SparkSession
+
+    settings = resources or SparkResources()
+    jars = ",".join(str(jar) for jar in kafka_source_jars())
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if settings.master.startswith("local"):
+        # Everything is on this host: no need to look for a routable address.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(settings.master)
+        .appName(settings.app_name)
+        .config("spark.jars", jars)
+        .config("spark.driver.memory", settings.driver_memory)
+        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        # One state store instance per partition is plenty here, and RocksDB keeps the
+        # state off the JVM heap when the job meets big chunked messages.
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+    )
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session

@@ -1,0 +1,90 @@
+"""Topic set-up and an independent count of what a topic holds (read with librdkafka, not
+Spark, so the two counts check each other)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import cast
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from dedup.batches import HEADER_PRODUCER, HEADER_SEQUENCE
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, -1)])[name].result(60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # metadata lags the creation a moment
+        found = admin.list_topics(name, timeout=10).topics.get(name)
+        if (
+            found is not None
+            and found.error is None
+            and len(found.partitions) == partitions
+            and all(p.leader >= 0 for p in found.partitions.values())
+        ):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"topic {name} got no leaders")
+
+
+@dataclass(frozen=True)
+class TopicCount:
+    records: int
+    distinct: int  # distinct (producer, sequence)
+
+    @property
+    def duplicates(self) -> int:
+        return self.records - self.distinct
+
+
+def count_topic(bootstrap: str, topic: str, timeout_s: float = 300.0) -> TopicCount:
+    """Every data record of every partition, up to the end it has now. Offsets taken by
+    transaction markers (the proxy's fences) are not records and are not counted."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "dedup-demo-count",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_uncommitted",
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+        ends: dict[int, int] = {}
+        for partition in metadata.partitions:
+            _, ends[partition] = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=30
+            )
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        positions = dict.fromkeys(ends, 0)
+        identities: set[tuple[object, object]] = set()
+        records = 0
+        deadline = time.monotonic() + timeout_s
+        while any(positions[p] < ends[p] for p in ends):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"count of {topic} stopped at {positions} of {ends}")
+            for message in consumer.consume(1000, 0.5):
+                partition, offset = message.partition() or 0, message.offset() or 0
+                if message.error() is not None:  # end of partition: its offset is the end
+                    positions[partition] = max(positions[partition], offset)
+                    continue
+                positions[partition] = offset + 1
+                if offset >= ends[partition]:
+                    continue  # written after the count began
+                records += 1
+                producer = sequence = None
+                # A consumed message's headers are a list of (name, value) pairs.
+                headers = cast(list[tuple[str, bytes | None]], message.headers() or [])
+                for name, value in headers:
+                    if name == HEADER_PRODUCER:
+                        producer = value
+                    elif name == HEADER_SEQUENCE:
+                        sequence = value
+                identities.add((producer, sequence))
+        return TopicCount(records=records, distinct=len(identities))
+    finally:
+        consumer.close()
