@@ -15,7 +15,8 @@ from deploy.paths import SETUP_HINT, SPARK_VERSION, MissingRuntimeError, spark_j
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d[^-]*(?:-[A-Za-z0-9.]+)?)\.jar$")
+# artifactId-version.jar; a version has a dot (so "-0-10_2.13" stays in the artifact id).
+_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+(?:\.\d+)+(?:[-.][A-Za-z0-9]+)*)\.jar$")
 
 
 @dataclass(frozen=True)
