@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from dedup.chunks import ChunkProgress
 from dedup.policies import Mode, PolicySnapshot
 from dedup.service import DedupService
 from dedup.state import clock_ms
@@ -92,6 +93,9 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
                         "pushed": p.pushed,
                         "persisted": p.persisted,
                         "last_seen_ms": p.last_seen_ms,
+                        # A chunked message in progress (its sequence is not persisted yet).
+                        "pushed_chunk": _chunk_json(p.pushed_chunk),
+                        "persisted_chunk": _chunk_json(p.persisted_chunk),
                     }
                     for name, p in sorted(tracked.items())
                 },
@@ -233,3 +237,16 @@ async def _mode(request: web.Request) -> Mode:
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         modes = ", ".join(m.value for m in Mode)
         raise web.HTTPBadRequest(text=f'expected JSON {{"mode": one of {modes}}}') from None
+
+
+def _chunk_json(progress: ChunkProgress | None) -> dict[str, Any] | None:
+    if progress is None:
+        return None
+    return {
+        "sequence": progress.sequence,
+        "uuid": progress.uuid,
+        "chunk_id": progress.chunk_id,
+        "chunk_count": progress.chunk_count,
+        "total_size": progress.total_size,
+        "size": progress.size,
+    }

@@ -18,6 +18,11 @@ rules of DESIGN.md ("Identity of a record"):
   2**31-1 to 0), so it names the same record Kafka's own idempotence does. A long-lived
   idempotent producer does wrap (2**31 records per producer id and epoch), so the check
   must compare implicit sequences wrap-aware; `IMPLICIT_SEQUENCE_MODULUS` is exported for it.
+- Chunked messages (`dedup.chunks`): a record with chunk headers (``dedup.uuid``,
+  ``dedup.chunk.id``, ``dedup.chunk.count``, ``dedup.total.size``) needs an explicit identity
+  (chunks of one message share a sequence, which implicit identities cannot), a non-null
+  value no larger than the total size, and valid headers; else INVALID_RECORD. The rest of
+  the chunk rule needs the chunks before it: the check's (`dedup.chunks.accept_chunk`).
 - Transactional and control batches: no identity (they are forwarded untouched).
 
 Error codes: where Kafka 4 refuses the same bytes, its code; the rule behind them:
@@ -50,6 +55,8 @@ import kafka.codec as _codec
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 from kio.schema.errors import ErrorCode
+
+from dedup.chunks import ChunkError, ChunkMeta, parse_chunk_headers
 
 HEADER_PRODUCER: Final = "dedup.producer"
 HEADER_SEQUENCE: Final = "dedup.sequence"
@@ -127,6 +134,7 @@ class IncomingRecord:
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
     identity: Identity | None
+    chunk: ChunkMeta | None = None  # the chunk headers (`dedup.chunks`) of a chunked message
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,14 +309,17 @@ def _read_batch(raw: bytes, index: int, names: IdentityHeaders, from_log: bool) 
                 )
             record_headers: tuple[tuple[str, bytes | None], ...] = tuple(record.headers)
             identity: Identity | None = None
+            chunk: ChunkMeta | None = None
             if with_identity:
                 try:
                     identity = _identity(
                         record_headers, offset_delta, names, implicit, base_sequence
                     )
+                    chunk = _chunk(record_headers, offset_delta, names, identity, record.value)
                 except BadBatch:
                     if not from_log:
                         raise
+                    chunk = None
             records.append(
                 IncomingRecord(
                     offset_delta=offset_delta,
@@ -317,6 +328,7 @@ def _read_batch(raw: bytes, index: int, names: IdentityHeaders, from_log: bool) 
                     value=record.value,
                     headers=record_headers,
                     identity=identity,
+                    chunk=chunk,
                 )
             )
             position += 1
@@ -378,6 +390,40 @@ def _identity(
         _parse_producer(producer_raw, where, names.producer),
         _parse_sequence(sequence_raw, where, names.sequence),
     )
+
+
+def _chunk(
+    headers: tuple[tuple[str, bytes | None], ...],
+    offset_delta: int,
+    names: IdentityHeaders,
+    identity: Identity | None,
+    value: bytes | None,
+) -> ChunkMeta | None:
+    """The record's chunk headers, checked as far as the record alone can tell (the rest,
+    against the chunks before it, is the check's: `dedup.chunks.accept_chunk`)."""
+    where = f"record at offset delta {offset_delta}"
+    try:
+        meta = parse_chunk_headers(headers)
+    except ChunkError as exc:
+        raise BadBatch(ErrorCode.invalid_record, f"{where} {exc}") from None
+    if meta is None:
+        return None
+    if identity is None or not any(name == names.producer for name, _ in headers):
+        # An implicit identity numbers every record, so chunks could not share a sequence.
+        raise BadBatch(
+            ErrorCode.invalid_record,
+            f"{where} has chunk headers but no {names.producer}/{names.sequence}: a chunk "
+            "needs an explicit dedup identity",
+        )
+    if value is None:
+        raise BadBatch(ErrorCode.invalid_record, f"{where} is a chunk with a null value")
+    if len(value) > meta.total_size:
+        raise BadBatch(
+            ErrorCode.invalid_record,
+            f"{where} is a chunk of {len(value)} bytes, over its message's total size "
+            f"{meta.total_size}",
+        )
+    return meta
 
 
 def _parse_producer(raw: bytes | None, where: str, name: str) -> str:

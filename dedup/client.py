@@ -10,6 +10,15 @@ and sequence ids (Pulsar's producer name, sequence id and getLastSequenceId).
         producer.send("orders", row, sequence_id=row_number)
     producer.flush()
 
+A message larger than ``chunk_size`` (default 1,000,000 bytes, below Kafka's default
+``max.message.bytes`` of 1,048,588 with room for the key, headers and batch overhead) is
+sent as chunks (`dedup.chunks`): one record per ``chunk_size`` bytes, all with the message's
+sequence id and key, the caller's headers and the four chunk headers, in order, to one
+partition (the key's, or for a message without key, one chosen at random from the topic's
+metadata). ``on_delivery`` is called once per message: at the first chunk that failed, or
+with the last chunk once every chunk is delivered. Messages above ``max_message_size``
+(default 64 MiB) are refused with ValueError. `dedup.chunked_consumer` reassembles them.
+
 Without ``sequence_id`` the producer numbers messages itself, per topic, continuing from
 ``initial_sequence_id`` or, when that is None, from what the proxy persisted for this
 producer (so a restarted producer does not reuse ids). Retries are unlimited by default:
@@ -19,6 +28,7 @@ a message is given up only when the caller says so (``message.timeout.ms``).
 from __future__ import annotations
 
 import json
+import random
 import urllib.parse
 import urllib.request
 import uuid
@@ -28,8 +38,15 @@ from typing import Any
 from confluent_kafka import Producer
 
 from dedup.batches import HEADER_PRODUCER, HEADER_SEQUENCE
+from dedup.chunks import ChunkMeta, chunk_headers, split_payload
 
 DeliveryCallback = Callable[[Any, Any], None]
+
+DEFAULT_CHUNK_SIZE = 1_000_000
+DEFAULT_MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+# What a chunk's record may hold beyond its payload (key, headers, record framing): the
+# producer's message.max.bytes is chunk_size plus this.
+RECORD_ROOM = 48 * 1024
 
 # Unlimited retries, and the ordering guarantee that makes them safe: librdkafka's
 # idempotent producer never lets message n+1 overtake a retried message n, so a re-sent
@@ -48,15 +65,30 @@ class DedupProducer:
         producer_name: str | None = None,
         initial_sequence_id: int | None = None,
         admin_url: str | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         **confluent_config: Any,
     ) -> None:
+        if chunk_size < 1 or max_message_size < 0:
+            raise ValueError(
+                f"chunk_size must be >= 1 and max_message_size >= 0, not {chunk_size} and "
+                f"{max_message_size}"
+            )
+        self.chunk_size = chunk_size
+        self.max_message_size = max_message_size
+        self._partitions: dict[str, int] = {}
         self._admin_url = admin_url.rstrip("/") if admin_url else None
         self.producer_name = producer_name or self._assign_name()
         if not self.producer_name:
             raise ValueError("producer_name must not be empty")
         self._initial = initial_sequence_id
         self._next: dict[str, int] = {}
-        config = {**_DEFAULTS, **confluent_config, "bootstrap.servers": bootstrap_servers}
+        config = {
+            **_DEFAULTS,
+            "message.max.bytes": chunk_size + RECORD_ROOM,  # a chunk must fit
+            **confluent_config,
+            "bootstrap.servers": bootstrap_servers,
+        }
         self._producer = Producer(config)
 
     def send(
@@ -67,32 +99,65 @@ class DedupProducer:
         sequence_id: int | None = None,
         partition: int | None = None,
         on_delivery: DeliveryCallback | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
     ) -> int:
-        """Queue one message; returns its sequence id. Ids of one producer must increase."""
+        """Queue one message; returns its sequence id. Ids of one producer must increase.
+        A value over ``chunk_size`` bytes goes as chunks (see the module's docstring)."""
+        data = value.encode() if isinstance(value, str) else value
+        if data is not None and len(data) > self.max_message_size:
+            raise ValueError(
+                f"message of {len(data)} bytes is over max_message_size {self.max_message_size}"
+            )
         if sequence_id is None:
             sequence_id = self._next_sequence(topic)
         self._next[topic] = sequence_id + 1
-        identity = [
+        identity: list[tuple[str, str | bytes | None]] = [
             (HEADER_PRODUCER, self.producer_name.encode()),
             (HEADER_SEQUENCE, str(sequence_id).encode()),
         ]
+        if data is None or len(data) <= self.chunk_size:
+            self._produce(topic, data, key, [*(headers or []), *identity], partition, on_delivery)
+        else:
+            if partition is None and key is None:
+                partition = self._random_partition(topic)  # every chunk to the same one
+            chunks = split_payload(data, self.chunk_size)
+            # Pulsar's uuid: a restarted producer re-sends a message under the same one.
+            uuid_text = f"{self.producer_name}-{sequence_id}"
+            whole = _WholeMessage(len(chunks), on_delivery)
+            for chunk_id, chunk in enumerate(chunks):
+                meta = ChunkMeta(uuid_text, chunk_id, len(chunks), len(data))
+                extra = [*(headers or []), *identity, *chunk_headers(meta)]
+                self._produce(topic, chunk, key, extra, partition, whole)
+        self._producer.poll(0)
+        return sequence_id
+
+    def _produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | str | None,
+        headers: list[tuple[str, str | bytes | None]],
+        partition: int | None,
+        on_delivery: DeliveryCallback | None,
+    ) -> None:
         extra: dict[str, Any] = {} if partition is None else {"partition": partition}
         while True:
             try:
                 self._producer.produce(
-                    topic,
-                    value,
-                    key=key,
-                    headers=[*(headers or []), *identity],
-                    on_delivery=on_delivery,
-                    **extra,
+                    topic, value, key=key, headers=headers, on_delivery=on_delivery, **extra
                 )
-                break
+                return
             except BufferError:  # local queue full: let deliveries drain, then retry
                 self._producer.poll(0.1)
-        self._producer.poll(0)
-        return sequence_id
+
+    def _random_partition(self, topic: str) -> int:
+        count = self._partitions.get(topic)
+        if count is None:
+            found = self._producer.list_topics(topic, timeout=30).topics.get(topic)
+            if found is None or found.error is not None or not found.partitions:
+                raise RuntimeError(f"no partitions known for topic {topic!r}")
+            count = self._partitions[topic] = len(found.partitions)
+        return random.randrange(count)
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait for every queued message; returns how many are still queued."""
@@ -135,6 +200,25 @@ class DedupProducer:
         with urllib.request.urlopen(request, timeout=30) as answer:
             body: dict[str, Any] = json.load(answer)
             return body
+
+
+class _WholeMessage:
+    """The delivery callback of a chunked message: once, at the first failed chunk or with
+    the last chunk once all are delivered."""
+
+    def __init__(self, chunks: int, callback: DeliveryCallback | None) -> None:
+        self._left = chunks
+        self._callback = callback
+        self._done = False
+
+    def __call__(self, error: Any, message: Any) -> None:
+        if self._done:
+            return
+        self._left -= 1
+        if error is not None or self._left == 0:
+            self._done = True
+            if self._callback is not None:
+                self._callback(error, message)
 
 
 def _quote(part: str) -> str:

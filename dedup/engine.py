@@ -37,12 +37,27 @@ from kio.static.primitive import i32, i64
 from redis.exceptions import RedisError
 
 from dedup import metrics
-from dedup.batches import BadBatch, IdentityHeaders, IncomingBatch, build_batch, read_batches
+from dedup.batches import (
+    BadBatch,
+    IdentityHeaders,
+    IncomingBatch,
+    IncomingRecord,
+    build_batch,
+    read_batches,
+)
+from dedup.chunks import ChunkMeta, ChunkProgress
 from dedup.partitions import AckCursor, PartitionState, _Ticket
 from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot, PolicyStore
 from dedup.recovery import Recovery
-from dedup.state import DedupState, PartitionCheck, Status, clock_ms
+from dedup.state import (
+    DedupState,
+    PartitionCheck,
+    Persisted,
+    Status,
+    clock_ms,
+    persisted_position,
+)
 from dedup.writer import BatchToWrite, IdempotentWriter, WriteResult
 from proxy.schemas import response_type
 from proxy.topology import Endpoint
@@ -95,15 +110,22 @@ class _Work:
     token: str = ""  # the partition's recovery token when it was checked
     kept: int = 0  # records left to write after the check
     ticket: _Ticket | None = None  # its place in the partition's AckCursor, once submitted
+    sizes: tuple[int | None, ...] = ()  # per identity: its chunked message's bytes so far
 
     @property
-    def identities(self) -> list[tuple[str, int]]:
-        return [
-            (r.identity.producer, r.identity.sequence)
-            for batch in self.batches
-            for r in batch.records
-            if r.identity is not None
-        ]
+    def identified(self) -> list[IncomingRecord]:
+        return [r for batch in self.batches for r in batch.records if r.identity is not None]
+
+    def check(self) -> PartitionCheck | None:
+        """What the state checks of this partition batch; None when no record has identity."""
+        records = self.identified
+        if not records:
+            return None
+        identities = [(r.identity.producer, r.identity.sequence) for r in records if r.identity]
+        chunks: list[tuple[ChunkMeta, int] | None] = []
+        if any(r.chunk is not None for r in records):
+            chunks = [None if r.chunk is None else (r.chunk, len(r.value or b"")) for r in records]
+        return PartitionCheck(self.topic, self.partition, identities, self.token, chunks)
 
 
 class DedupEngine:
@@ -251,11 +273,7 @@ class DedupEngine:
                 self._state_of_item(item).pending += 1
                 item.checked = True
         # Each identity list walks every record of the partition: build it once.
-        pairs = [
-            (w, PartitionCheck(w.topic, w.partition, identities, w.token))
-            for w in to_check
-            if w.checked and (identities := w.identities)
-        ]
+        pairs = [(w, check) for w in to_check if w.checked and (check := w.check()) is not None]
         if not pairs:
             return
         checked = [w for w, _ in pairs]
@@ -282,12 +300,16 @@ class DedupEngine:
                     partition=item.partition,
                     producers=list(verdict.evicted),
                 )
+            if verdict.bad is not None:
+                self._refuse_bad_chunk(item, verdict.bad, verdict.bad_index)
+                continue
             if verdict.refused:
                 metrics.RECORDS.labels("unknown").inc(len(verdict.statuses))
                 item.answer = _not_written(
                     "an earlier write of these sequences is in flight or failed; retry"
                 )
                 continue
+            item.sizes = verdict.sizes
             statuses = iter(verdict.statuses)
             for b, batch in enumerate(item.batches):
                 for r, record in enumerate(batch.records):
@@ -296,6 +318,17 @@ class DedupEngine:
                         item.dropped += 1
             metrics.RECORDS.labels("dup").inc(item.dropped)
             metrics.RECORDS.labels("not_dup").inc(len(verdict.statuses) - item.dropped)
+
+    def _refuse_bad_chunk(self, item: _Work, why: str, index: int) -> None:
+        """A chunk broke the chunk rule (`dedup.chunks.accept_chunk`): bad input, nothing
+        written, not retriable (the same chunk can never be accepted)."""
+        record = item.identified[index]
+        message = f"record at offset delta {record.offset_delta}: {why}"
+        metrics.BAD_INPUT.labels("chunk").inc()
+        log.warning(
+            "refusing a bad chunk", topic=item.topic, partition=item.partition, error=message
+        )
+        item.answer = PartitionAnswer(ErrorCode.invalid_record, error_message=message)
 
     async def _pass_gate(self, item: _Work) -> None:
         """Wait while the partition settles a failed write; answer now while it recovers."""
@@ -564,14 +597,30 @@ def _not_written(message: str) -> PartitionAnswer:
     return PartitionAnswer(ErrorCode.not_enough_replicas, error_message=f"not written: {message}")
 
 
-def _highest_kept(item: _Work) -> dict[str, int]:
-    highest: dict[str, int] = {}
+def _highest_kept(item: _Work) -> dict[str, Persisted]:
+    """Per producer, the highest position written: a sequence, or for a chunk that is not
+    its message's last, the message's progress (sequence, chunk id, bytes so far)."""
+    highest: dict[str, Persisted] = {}
+    index = -1  # of the record among those with identity (the check's order)
     for batch, keep in zip(item.batches, item.keep, strict=True):
         for record, kept in zip(batch.records, keep, strict=True):
-            if kept and record.identity is not None:
-                producer, sequence = record.identity.producer, record.identity.sequence
-                if sequence > highest.get(producer, sequence - 1):
-                    highest[producer] = sequence
+            if record.identity is None:
+                continue
+            index += 1
+            if not kept:
+                continue
+            producer, sequence = record.identity.producer, record.identity.sequence
+            position: Persisted = sequence
+            chunk = record.chunk
+            if chunk is not None and not chunk.last:
+                size = item.sizes[index]
+                assert size is not None, "the check gives every kept chunk its size so far"
+                position = ChunkProgress(
+                    sequence, chunk.uuid, chunk.chunk_id, chunk.chunk_count, chunk.total_size, size
+                )
+            known = highest.get(producer)
+            if known is None or persisted_position(position) > persisted_position(known):
+                highest[producer] = position
     return highest
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 import structlog
 from redis.exceptions import RedisError
 
-from dedup.state import DedupState, clock_ms
+from dedup.state import DedupState, Persisted, clock_ms, persisted_position
 
 log = structlog.get_logger(__name__)
 
@@ -38,14 +38,16 @@ class PersistedRecorder:
         self._state = state
         self._retry_backoff_s = retry_backoff_s
         self._on_lost = on_lost
-        self._pending: dict[_Key, dict[str, int]] = {}
+        self._pending: dict[_Key, dict[str, Persisted]] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def add(self, topic: str, partition: int, highest: Mapping[str, int], token: str = "") -> None:
+    def add(
+        self, topic: str, partition: int, highest: Mapping[str, Persisted], token: str = ""
+    ) -> None:
         """Queue ``persisted[p] = max(persisted[p], s)`` for each producer of a write, if
-        the partition still holds `token`."""
+        the partition still holds `token` (s: a sequence, or a chunk's position)."""
         if not highest:
             return
         self._merge({(topic, partition, token): dict(highest)})
@@ -56,13 +58,14 @@ class PersistedRecorder:
         """Return once everything added so far is in Redis."""
         await self._idle.wait()
 
-    def _merge(self, updates: Mapping[_Key, Mapping[str, int]]) -> None:
+    def _merge(self, updates: Mapping[_Key, Mapping[str, Persisted]]) -> None:
         self._idle.clear()
         for key, highest in updates.items():
             merged = self._pending.setdefault(key, {})
-            for producer, sequence in highest.items():
-                if sequence > merged.get(producer, sequence - 1):
-                    merged[producer] = sequence
+            for producer, position in highest.items():
+                known = merged.get(producer)
+                if known is None or persisted_position(position) > persisted_position(known):
+                    merged[producer] = position
 
     async def _flush_all(self) -> None:
         delay = self._retry_backoff_s

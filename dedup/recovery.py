@@ -9,9 +9,10 @@ For a set of partitions, in this order:
    not past the end (a snapshot past the end belongs to a log that has since been
    truncated, so it is not trusted); none: replay from the start of the log.
 4. Replay [snapshot offset, end) reading each record's identity headers (`dedup.replay`).
-5. Merge (highest sequence and latest last-seen per producer), keep the most recently
-   seen ``max_producers``, and load it into Redis as both maps (pushed = persisted) with a
-   new token.
+5. Merge (highest sequence and latest last-seen per producer; the chunked message in
+   progress, which the replay continued from the snapshot's, where it is above the
+   producer's highest complete sequence), keep the most recently seen ``max_producers``, and
+   load it into Redis as both maps (pushed = persisted) with a new token.
 
 Partitions are independent after step 1: one failing does not hold back the others.
 """
@@ -30,6 +31,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dedup import metrics
 from dedup.batches import IdentityHeaders
+from dedup.chunks import ChunkProgress
 from dedup.replay import ReplayResult, replay_partition
 from dedup.snapshots import Snapshot, SnapshotStore, StoredSnapshots
 from dedup.state import DedupState, clock_ms
@@ -123,6 +125,9 @@ class Recovery:
                 self._headers,
                 progress=_progress_logger(topic, partition, end),
                 timeout_s=self._replay_timeout_s,
+                chunks=None
+                if snapshot is None
+                else {p: c.progress for p, c in snapshot.chunks.items()},
             )
         metrics.REPLAYED_RECORDS.inc(replayed.records)
         if replayed.truncated_start:
@@ -133,9 +138,9 @@ class Recovery:
                 wanted=start,
                 log_start=replayed.start,
             )
-        producers = self._merge(snapshot, replayed)
+        producers, chunks = self._merge(snapshot, replayed)
         token = uuid.uuid4().hex
-        await self._state.load_recovered(topic, partition, producers, token, clock_ms())
+        await self._state.load_recovered(topic, partition, producers, token, clock_ms(), chunks)
         generations = [s.generation for s in stored.valid]
         seconds = time.monotonic() - started
         metrics.RECOVERY_SECONDS.observe(seconds)
@@ -148,6 +153,7 @@ class Recovery:
             replayed=replayed.records,
             identified=replayed.identified,
             producers=len(producers),
+            chunked_in_progress=len(chunks),
             seconds=round(seconds, 3),
         )
         return RecoveredPartition(
@@ -192,20 +198,33 @@ class Recovery:
 
     def _merge(
         self, snapshot: Snapshot | None, replayed: ReplayResult
-    ) -> dict[str, tuple[int, int]]:
+    ) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[ChunkProgress, int]]]:
         merged: dict[str, tuple[int, int]] = {}
+        snapshot_seen: dict[str, int] = {}
         if snapshot is not None:
             merged = {p: (e.sequence, e.last_seen_ms) for p, e in snapshot.producers.items()}
+            snapshot_seen = {p: c.last_seen_ms for p, c in snapshot.chunks.items()}
         for producer, (sequence, seen_ms) in replayed.highest.items():
             known = merged.get(producer)
             if known is None:
                 merged[producer] = (sequence, seen_ms)
             else:
                 merged[producer] = (max(known[0], sequence), max(known[1], seen_ms))
-        if len(merged) > self._max_producers:  # keep the most recently seen
-            kept = sorted(merged.items(), key=lambda item: item[1][1], reverse=True)
-            merged = dict(kept[: self._max_producers])
-        return merged
+        # The replay continued the snapshot's messages in progress: its view is the latest.
+        chunks = {
+            p: (progress, max(seen_ms, snapshot_seen.get(p, 0)))
+            for p, (progress, seen_ms) in replayed.chunks.items()
+            if p not in merged or progress.sequence > merged[p][0]
+        }
+        seen = {p: s for p, (_, s) in merged.items()}
+        for p, (_, seen_ms) in chunks.items():
+            seen[p] = max(seen.get(p, 0), seen_ms)
+        if len(seen) > self._max_producers:  # keep the most recently seen
+            newest = sorted(seen.items(), key=lambda item: item[1], reverse=True)
+            kept = {p for p, _ in newest[: self._max_producers]}
+            merged = {p: v for p, v in merged.items() if p in kept}
+            chunks = {p: v for p, v in chunks.items() if p in kept}
+        return merged, chunks
 
     def _high_watermarks(self, partitions: Sequence[_Key]) -> dict[_Key, int]:
         consumer = Consumer(

@@ -27,6 +27,15 @@ How the log is read:
 - A start below the log start offset (retention, ``DeleteRecords``) begins at the log start
   and says so (`ReplayResult.truncated_start`); so does a log start that moves past the
   replay while it reads (``auto.offset.reset=error`` surfaces it instead of a silent jump).
+- Chunked messages (`dedup.chunks`): a chunk that is not its message's last does not raise
+  the producer's sequence (a sequence counts once its last chunk is in); the fold follows the
+  message in progress instead (`ReplayResult.chunks`: sequence, chunk id, bytes so far),
+  continuing the one the snapshot held (``chunks``), so that a proxy that died in the middle
+  of a chunked message recovers exactly where the log stands. The log holds only what the
+  check accepted, so chunks follow each other there; a chunk that does not follow (written
+  around the proxy) still moves the position, its bytes counted from it on. Reading the
+  headers of a record with more than two of them looks for chunk headers; a chunk's value
+  is measured (``len``), nothing else of it is read.
 - Identity rules are `dedup.batches`'s for records read from a log: the last occurrence of a
   header name counts; a record without both headers, with a null or empty or non-UTF-8
   producer, or with a sequence that is not an int64 in decimal is skipped and counted.
@@ -49,12 +58,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from dedup.batches import DEFAULT_HEADERS, IdentityHeaders
+from dedup.chunks import CHUNK_HEADERS, ChunkError, ChunkProgress, parse_chunk_headers
 
 GROUP_ID: Final = "dedup-proxy-replay"
 CONSUME_BATCH: Final = 100  # messages per consume() call (measured fastest, see above)
@@ -64,6 +74,8 @@ PROGRESS_INTERVAL_S: Final = 0.5
 SEQUENCE_MIN: Final = -(1 << 63)
 SEQUENCE_MAX: Final = (1 << 63) - 1
 MAX_SEQUENCE_TEXT: Final = 64  # as dedup.batches: longer text is refused, leading zeros or not
+_NO_SEQUENCE: Final = SEQUENCE_MIN - 1  # a producer seen only in chunks of an incomplete message
+_CHUNK_NAMES: Final = frozenset(CHUNK_HEADERS)
 
 # Fetch settings for reading one partition fast (measured, see benchmarks/README.md):
 # fetches of several MB, and a small pre-fetch queue refilled at once (librdkafka's default
@@ -102,6 +114,9 @@ class ReplayResult:
     skipped: int  # records without identity or with a bad one
     truncated_start: bool  # the requested start was below the log start offset
     seconds: float
+    # producer -> (its chunked message in progress at the end, last seen ms); only messages
+    # above the producer's highest complete sequence in the replay
+    chunks: dict[str, tuple[ChunkProgress, int]] = field(default_factory=dict)
 
 
 def parse_sequence(raw: bytes | None) -> int | None:
@@ -151,6 +166,7 @@ class Fold:
 
     __slots__ = (
         "_bad_names",
+        "_chunks",
         "_entries",
         "_names",
         "_producer",
@@ -162,13 +178,23 @@ class Fold:
         "skipped",
     )
 
-    def __init__(self, end: int, names: IdentityHeaders = DEFAULT_HEADERS) -> None:
+    def __init__(
+        self,
+        end: int,
+        names: IdentityHeaders = DEFAULT_HEADERS,
+        chunks: Mapping[str, ChunkProgress] | None = None,
+    ) -> None:
         self.end = end
         self._producer = names.producer
         self._sequence = names.sequence
-        # raw producer name -> [highest sequence, max timestamp]; decoded names alongside
+        # raw producer name -> [highest complete sequence, max timestamp]; decoded names
+        # alongside. A producer seen only in chunks has _NO_SEQUENCE.
         self._entries: dict[bytes, list[int]] = {}
         self._names: dict[bytes, str] = {}
+        # raw producer name -> its chunked message in progress (from the snapshot: `chunks`)
+        self._chunks: dict[bytes, ChunkProgress] = {
+            name.encode("utf-8"): progress for name, progress in (chunks or {}).items()
+        }
         self._bad_names: set[bytes] = set()
         self.records = 0
         self.skipped = 0
@@ -212,11 +238,16 @@ class Fold:
                     continue
             else:
                 producer = raw = None
+                chunked = False
                 for name, value in headers:  # the last occurrence of a name counts
                     if name == producer_name:
                         producer = value
                     elif name == sequence_name:
                         raw = value
+                    elif name in _CHUNK_NAMES:
+                        chunked = True
+                if chunked and producer and raw and self._chunk(producer, raw, message):
+                    continue
             if not producer or not raw or len(raw) > MAX_SEQUENCE_TEXT:
                 skipped += 1
                 continue
@@ -247,6 +278,49 @@ class Fold:
                 break
         return done
 
+    def _chunk(self, producer: bytes, raw: bytes, message: Any) -> bool:
+        """Fold in a chunk that is not its message's last; False when the record is not
+        one (a last chunk counts as its whole sequence; bad chunk headers as none)."""
+        sequence = parse_sequence(raw)
+        if sequence is None:
+            return False
+        try:
+            meta = parse_chunk_headers(message.headers())
+        except ChunkError:
+            return False
+        if meta is None or meta.last:
+            return False
+        entry = self._entries.get(producer)
+        if entry is None:
+            if not self._new_producer(producer):
+                return False
+            entry = self._entries[producer] = [_NO_SEQUENCE, message.timestamp()[1]]
+        else:
+            entry[1] = max(entry[1], message.timestamp()[1])
+        if sequence <= entry[0]:
+            return True  # of a sequence already complete
+        size = len(message.value() or b"")
+        current = self._chunks.get(producer)
+        if current is not None and current.position >= (sequence, meta.chunk_id):
+            return True  # a chunk the state already holds
+        if (
+            current is not None
+            and current.sequence == sequence
+            and meta.chunk_id == current.chunk_id + 1
+            and (current.uuid, current.chunk_count, current.total_size)
+            == (meta.uuid, meta.chunk_count, meta.total_size)
+        ):
+            size += current.size
+        self._chunks[producer] = ChunkProgress(
+            sequence,
+            meta.uuid,
+            meta.chunk_id,
+            meta.chunk_count,
+            meta.total_size,
+            min(size, meta.total_size),
+        )
+        return True
+
     def _cut(self, messages: list[Any]) -> tuple[bool, list[Any]]:
         """The messages below the end, and whether the end was reached among them."""
         end = self.end
@@ -272,8 +346,25 @@ class Fold:
         return self.records - self.skipped
 
     def highest(self) -> dict[str, tuple[int, int]]:
+        """Per producer its highest complete sequence and newest timestamp."""
         names = self._names
-        return {names[raw]: (entry[0], entry[1]) for raw, entry in self._entries.items()}
+        return {
+            names[raw]: (entry[0], entry[1])
+            for raw, entry in self._entries.items()
+            if entry[0] != _NO_SEQUENCE
+        }
+
+    def chunks(self) -> dict[str, tuple[ChunkProgress, int]]:
+        """Per producer its chunked message in progress (above its highest complete
+        sequence here) and newest timestamp (-1: not seen in the replay)."""
+        result = {}
+        for raw, progress in self._chunks.items():
+            entry = self._entries.get(raw)
+            if entry is not None and progress.sequence <= entry[0]:
+                continue  # completed, or abandoned for a later sequence
+            name = self._names.get(raw) or raw.decode("utf-8")
+            result[name] = (progress, -1 if entry is None else entry[1])
+        return result
 
 
 def replay_partition(
@@ -287,6 +378,7 @@ def replay_partition(
     progress: Callable[[int, int], None] | None = None,
     timeout_s: float = 60.0,
     config: Mapping[str, str] | None = None,
+    chunks: Mapping[str, ChunkProgress] | None = None,
 ) -> ReplayResult:
     """Read ``topic``/``partition`` over ``[start, end)`` and return the highest sequence and
     the newest timestamp of every producer found there.
@@ -298,12 +390,13 @@ def replay_partition(
     Kafka reports an error (unknown partition, a start beyond the log, ...) or when the
     position did not advance for ``timeout_s`` before the end was reached. ``config`` is
     added to the consumer's settings (security settings, or to override `CONSUMER_SETTINGS`).
-    A negative ``start`` is a `ValueError`.
+    A negative ``start`` is a `ValueError`. ``chunks`` are the chunked messages in progress
+    at ``start`` (the snapshot's), which the replay continues.
     """
     began = time.monotonic()
     if start < 0:
         raise ValueError(f"start must be >= 0, got {start}")
-    fold = Fold(end, headers)
+    fold = Fold(end, headers, chunks)
     if start >= end:
         return _result(topic, partition, start, end, fold, False, began)
     settings: dict[str, Any] = {"bootstrap.servers": bootstrap, **CONSUMER_SETTINGS}
@@ -402,4 +495,5 @@ def _result(
         skipped=fold.skipped,
         truncated_start=truncated,
         seconds=time.monotonic() - began,
+        chunks=fold.chunks(),
     )

@@ -16,7 +16,12 @@ Layout of the snapshot topic (``__dedup_snapshots`` by default, ``cleanup.policy
   them. The partition count is the topic's real one, read from metadata; like Kafka's own
   ``__consumer_offsets`` it must never be changed afterwards, or keys move to partitions
   nobody reads.
-- Value ``DDS1`` (magic and format version) + compact JSON, compressed by the producer
+- Value ``DDS1`` (magic and format version) + compact JSON: ``producers`` maps each producer
+  to ``[sequence, last_seen_ms]`` (its last complete sequence), ``chunks`` each producer
+  with a chunked message in progress (`dedup.chunks`) to ``[sequence, chunk_id,
+  chunk_count, total_size, size, uuid, last_seen_ms]``: chunks 0..chunk_id (``size`` bytes)
+  are persisted, the last one is not. A producer may be in both, or in ``chunks`` only (its
+  first message on the partition is in progress), compressed by the producer
   (zstd), so even hundreds of thousands of producers fit in ``max.message.bytes`` (16 MiB).
   Decoding checks every field: a damaged record is reported, never trusted.
 
@@ -48,6 +53,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+from dedup.chunks import ChunkProgress
 
 log = structlog.get_logger(__name__)
 
@@ -132,6 +139,50 @@ class ProducerEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkEntry:
+    """One producer's chunked message in progress (persisted up to a chunk), and when the
+    producer was last seen."""
+
+    progress: ChunkProgress
+    last_seen_ms: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.progress, ChunkProgress):
+            raise ValueError(f"not a ChunkProgress: {_show(self.progress)}")
+        _check_int("last_seen_ms", self.last_seen_ms, 0, _INT64_MAX)
+
+    def to_json(self) -> list[Any]:
+        p = self.progress
+        return [
+            p.sequence,
+            p.chunk_id,
+            p.chunk_count,
+            p.total_size,
+            p.size,
+            p.uuid,
+            self.last_seen_ms,
+        ]
+
+    @classmethod
+    def from_json(cls, value: object) -> ChunkEntry:
+        if not isinstance(value, list) or len(value) != 7:
+            raise ValueError(
+                "expected [sequence, chunk_id, chunk_count, total_size, size, uuid, "
+                f"last_seen_ms], got {_show(value)}"
+            )
+        sequence, chunk_id, count, total, size, uuid, seen = value
+        for name, number in (
+            ("sequence", sequence),
+            ("chunk_id", chunk_id),
+            ("chunk_count", count),
+            ("total_size", total),
+            ("size", size),
+        ):
+            _check_int(name, number, _INT64_MIN, _INT64_MAX)
+        return cls(ChunkProgress(sequence, uuid, chunk_id, count, total, size), seen)
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """The dedup state of one data partition, covering every record below ``offset``.
 
@@ -145,7 +196,7 @@ class Snapshot:
     created_ms: int
     generation: int
     producers: Mapping[str, ProducerEntry]
-    chunks: Mapping[str, Any] = field(default_factory=dict)
+    chunks: Mapping[str, ChunkEntry] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_topic_name(self.topic)
@@ -162,17 +213,24 @@ class Snapshot:
                 raise ValueError(f"producer {_show(name)}: not a ProducerEntry: {_show(entry)}")
         if not isinstance(self.chunks, Mapping):
             raise ValueError(f"chunks must be a mapping, not {type(self.chunks).__name__}")
-        for name in self.chunks:
+        for name, chunk in self.chunks.items():
             if not isinstance(name, str):
                 raise ValueError(f"chunks key must be a string, not {_show(name)}")
+            if not isinstance(chunk, ChunkEntry):
+                raise ValueError(f"chunks of {_show(name)}: not a ChunkEntry: {_show(chunk)}")
+            known = self.producers.get(name)
+            if known is not None and chunk.progress.sequence <= known.sequence:
+                raise ValueError(
+                    f"chunks of {_show(name)}: sequence {chunk.progress.sequence} in progress "
+                    f"is not above its complete sequence {known.sequence}"
+                )
 
     @property
     def key(self) -> str:
         return slot_key(self.topic, self.partition, self.generation)
 
     def encode(self) -> bytes:
-        """``MAGIC`` + compact JSON. Raises TypeError or ValueError when ``chunks`` holds
-        something JSON cannot represent exactly (a set, NaN, ...)."""
+        """``MAGIC`` + compact JSON."""
         body = {
             "topic": self.topic,
             "partition": self.partition,
@@ -180,7 +238,7 @@ class Snapshot:
             "created_ms": self.created_ms,
             "generation": self.generation,
             "producers": {n: [e.sequence, e.last_seen_ms] for n, e in self.producers.items()},
-            "chunks": dict(self.chunks),
+            "chunks": {n: c.to_json() for n, c in self.chunks.items()},
         }
         # ASCII output: any Python string (even a lone surrogate) encodes without error.
         return MAGIC + json.dumps(body, separators=(",", ":"), allow_nan=False).encode("ascii")
@@ -234,9 +292,15 @@ class Snapshot:
                 producers[name] = ProducerEntry(value[0], value[1])
             except ValueError as exc:
                 raise ValueError(f"producer {_show(name)}: {exc}") from None
-        chunks = doc["chunks"]
-        if not isinstance(chunks, dict):
-            raise ValueError(f"chunks is a JSON {type(chunks).__name__}, not an object")
+        raw_chunks = doc["chunks"]
+        if not isinstance(raw_chunks, dict):
+            raise ValueError(f"chunks is a JSON {type(raw_chunks).__name__}, not an object")
+        chunks: dict[str, ChunkEntry] = {}
+        for name, value in raw_chunks.items():
+            try:
+                chunks[name] = ChunkEntry.from_json(value)
+            except ValueError as exc:
+                raise ValueError(f"chunks of {_show(name)}: {exc}") from None
         return cls(
             topic=doc["topic"],
             partition=doc["partition"],
@@ -251,13 +315,20 @@ class Snapshot:
         """At most ``max_producers`` producers: the most recently seen, as the Redis state
         evicts (least recently seen first, ties by name)."""
         _check_int("max_producers", max_producers, 0, _INT64_MAX)
-        if len(self.producers) <= max_producers:
+        seen: dict[str, int] = {}
+        for name, entry in self.producers.items():
+            seen[name] = entry.last_seen_ms
+        for name, chunk in self.chunks.items():
+            seen[name] = max(seen.get(name, 0), chunk.last_seen_ms)
+        if len(seen) <= max_producers:
             return self
-        newest = sorted(
-            self.producers.items(), key=lambda item: (item[1].last_seen_ms, item[0]), reverse=True
-        )[:max_producers]
-        kept = {name for name, _ in newest}
-        return replace(self, producers={n: e for n, e in self.producers.items() if n in kept})
+        newest = sorted(seen.items(), key=lambda item: (item[1], item[0]), reverse=True)
+        kept = {name for name, _ in newest[:max_producers]}
+        return replace(
+            self,
+            producers={n: e for n, e in self.producers.items() if n in kept},
+            chunks={n: c for n, c in self.chunks.items() if n in kept},
+        )
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from dedup import metrics
 from dedup.engine import DedupEngine
 from dedup.partitions import PartitionState
-from dedup.snapshots import ProducerEntry, Snapshot, SnapshotError, SnapshotStore
+from dedup.snapshots import ChunkEntry, ProducerEntry, Snapshot, SnapshotError, SnapshotStore
 from dedup.state import DedupState, clock_ms
 
 log = structlog.get_logger(__name__)
@@ -155,7 +155,7 @@ class Snapshotter:
             offset = state.cursor.safe_end  # before the flush: see the module's docstring
             records = state.cursor.records_settled
             await self._engine.flush_persisted()
-            view = await self._state.recovered_view(topic, partition, token)
+            view = await self._state.recovered_state(topic, partition, token)
             if view is None or state.token != token or not state.recovered:
                 return None  # lost or being recovered: the recovery takes its own
             snapshot = Snapshot(
@@ -164,7 +164,9 @@ class Snapshotter:
                 offset=offset,
                 created_ms=clock_ms(),
                 generation=state.snapshot_generation,
-                producers={p: ProducerEntry(s, seen) for p, (s, seen) in view.items()},
+                producers={p: ProducerEntry(s, seen) for p, (s, seen) in view.producers.items()},
+                # Chunked messages in progress: a recovery continues them exactly.
+                chunks={p: ChunkEntry(c, seen) for p, (c, seen) in view.chunks.items()},
             ).capped(self._policy.max_producers)
             await self._store.write(snapshot)
             state.snapshot_generation += 1

@@ -25,6 +25,15 @@ was when the batch started                             failed: it may or may not
                                                        (nothing is updated) and retried later
 ==========================================  =========  =======================================
 
+Chunked messages (`dedup.chunks`): the check is on positions (sequence, chunk id), a
+record without chunk headers and a message's last chunk being at (sequence, LAST). So
+``pushed[p]`` and ``persisted[p]`` above are positions: they hold the last COMPLETE sequence,
+and a message in progress sits beside them in ``pushed_chunk[p]`` / ``persisted_chunk[p]``
+(`ChunkProgress`: sequence, uuid, chunk id, count, total size, bytes so far). A chunk that
+would be NOT_DUP must follow the chunk rule (`dedup.chunks.accept_chunk`), else the partition
+batch is refused as bad input (`PartitionVerdict.bad`) and nothing is updated. A sequence
+counts as persisted (`last_sequence`) once its last chunk is.
+
 Forwarding an UNKNOWN record could write it twice; dropping it could lose it. Only time tells:
 either the write is acknowledged (``persisted`` rises, the retry is DUP) or it failed and the
 engine calls `reset_pushed` (``pushed := persisted``, the retry is NOT_DUP).
@@ -32,7 +41,8 @@ engine calls `reset_pushed` (``pushed := persisted``, the retry is NOT_DUP).
 How it is stored and run:
 
 - Keys ``<prefix>:{<topic>/<partition>}:pushed`` and ``:persisted`` (hashes producer ->
-  sequence), ``:seen`` (sorted set producer -> last seen ms) and ``:token``. The ``{...}`` hash
+  sequence), ``:pushed_chunk`` and ``:persisted_chunk`` (producer -> `ChunkProgress.encode`),
+  ``:seen`` (sorted set producer -> last seen ms) and ``:token``. The ``{...}`` hash
   tag puts a partition's keys in one Redis Cluster slot, so one Lua script can use them
   atomically.
 - ``:token`` is written by the recovery that loaded the partition (`load_recovered`) and
@@ -67,6 +77,8 @@ from typing import Any
 import redis.asyncio
 from redis.exceptions import NoScriptError
 
+from dedup.chunks import LAST, ChunkMeta, ChunkProgress
+
 
 def clock_ms() -> int:
     """Wall-clock milliseconds: the ``now_ms`` the state's last-seen times are kept in."""
@@ -87,27 +99,35 @@ class Status(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class PartitionCheck:
-    """The records of one partition batch: (producer, sequence) per record, in batch order."""
+    """The records of one partition batch: (producer, sequence) per record, in batch order;
+    ``chunks``, when given, one entry per identity: the chunk headers and value size of a
+    chunk, None for a record that is not one."""
 
     topic: str
     partition: int
     identities: Sequence[tuple[str, int]]
     token: str | None = None  # the recovery token the state must hold; None: any
+    chunks: Sequence[tuple[ChunkMeta, int] | None] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionVerdict:
     """The check of one partition batch."""
 
-    statuses: tuple[Status, ...]  # one per identity, same order; empty when lost
+    statuses: tuple[Status, ...]  # one per identity, same order; empty when lost or bad
     evicted: tuple[str, ...]  # producers evicted to make room (max_producers)
     lost: bool = False  # the token did not match: nothing checked, the partition must recover
+    # Per identity: the bytes of its message so far for a NOT_DUP chunk that is not the
+    # last (what `mark_persisted` needs once it is acknowledged), else None.
+    sizes: tuple[int | None, ...] = ()
+    bad: str | None = None  # a chunk broke the chunk rule: why (nothing was updated)
+    bad_index: int = -1  # and which identity (0-based)
 
     @property
     def refused(self) -> bool:
-        """Nothing was updated, the batch must be retried later: some record is UNKNOWN,
-        or the state was lost."""
-        return self.lost or Status.UNKNOWN in self.statuses
+        """Nothing was updated: some record is UNKNOWN (retry later), a chunk is bad, or
+        the state was lost."""
+        return self.lost or self.bad is not None or Status.UNKNOWN in self.statuses
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +137,27 @@ class ProducerState:
     pushed: int | None
     persisted: int | None
     last_seen_ms: int | None
+    pushed_chunk: ChunkProgress | None = None  # the chunked message in progress, if any
+    persisted_chunk: ChunkProgress | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredState:
+    """A partition's persisted state as a snapshot stores it."""
+
+    producers: dict[str, tuple[int, int]]  # producer -> (complete sequence, last seen ms)
+    chunks: dict[str, tuple[ChunkProgress, int]]  # producer -> (in progress, last seen ms)
+
+
+# What Kafka acknowledged for a producer: a complete sequence, or a chunk of one in progress.
+Persisted = int | ChunkProgress
+
+
+def persisted_position(value: Persisted) -> tuple[int, int]:
+    """Where an acknowledged position stands (`dedup.chunks.position`), to keep the highest."""
+    if isinstance(value, ChunkProgress):
+        return value.position
+    return value, LAST
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,21 +216,41 @@ class DedupState:
         calls: list[_Call] = []
         for check in checks:
             args = [str(now_ms), str(self._max_producers), check.token or ""]
-            for producer, sequence in check.identities:
+            chunks = check.chunks or [None] * len(check.identities)
+            for (producer, sequence), chunk in zip(check.identities, chunks, strict=True):
                 args += (producer, _sequence(sequence))
+                if chunk is None:
+                    args += ("", "", "", "", "")
+                else:
+                    meta, size = chunk
+                    args += (
+                        str(meta.chunk_id),
+                        str(meta.chunk_count),
+                        str(meta.total_size),
+                        str(size),
+                        meta.uuid,
+                    )
             calls.append((_CHECK, self._keys(check.topic, check.partition), args))
         replies = await self._run(
             calls, self._note_partitions((c.topic, c.partition) for c in checks)
         )
         verdicts = []
         for check, reply in zip(checks, replies, strict=True):
-            statuses, *evicted = reply
+            statuses, *rest = reply
             if _text(statuses) == "lost":
                 verdicts.append(PartitionVerdict((), (), lost=True))
                 continue
+            if _text(statuses) == "bad":
+                number, message = rest
+                verdicts.append(
+                    PartitionVerdict((), (), bad=_text(message), bad_index=int(number) - 1)
+                )
+                continue
+            sizes, *evicted = rest
             verdict = PartitionVerdict(
                 tuple(Status(int(digit)) for digit in _text(statuses)),
                 tuple(_text(producer) for producer in evicted),
+                sizes=tuple(int(size) if size else None for size in sizes),
             )
             assert len(verdict.statuses) == len(check.identities)
             verdicts.append(verdict)
@@ -197,12 +258,14 @@ class DedupState:
 
     async def mark_persisted(
         self,
-        updates: Sequence[tuple[str, int, Mapping[str, int]]],
+        updates: Sequence[tuple[str, int, Mapping[str, Persisted]]],
         now_ms: int,
         tokens: Sequence[str | None] | None = None,
     ) -> list[int]:
-        """Kafka acknowledged: per (topic, partition, {producer: highest acknowledged seq}),
-        persisted[p] = max(persisted[p], seq) and pushed[p] >= persisted[p]. One round trip.
+        """Kafka acknowledged: per (topic, partition, {producer: highest acknowledged
+        position}), persisted[p] = max(persisted[p], position) and pushed[p] >= persisted[p].
+        A position is a complete sequence, or the `ChunkProgress` of a chunk that is not its
+        message's last. One round trip.
         `tokens` (one per update, None = any) are the recovery tokens the partitions must
         hold; returns the indexes of the updates whose token no longer matched: nothing was
         recorded there, their state was lost."""
@@ -210,8 +273,19 @@ class DedupState:
         calls: list[_Call] = []
         for (topic, partition, persisted), token in zip(updates, tokens, strict=True):
             args = [str(now_ms), token or ""]
-            for producer, sequence in persisted.items():
-                args += (producer, _sequence(sequence))
+            for producer, position in persisted.items():
+                if isinstance(position, ChunkProgress):
+                    args += (
+                        producer,
+                        _sequence(position.sequence),
+                        str(position.chunk_id),
+                        str(position.chunk_count),
+                        str(position.total_size),
+                        str(position.size),
+                        position.uuid,
+                    )
+                else:
+                    args += (producer, _sequence(position), "", "", "", "", "")
             calls.append((_PERSIST, self._keys(topic, partition), args))
         replies = await self._run(calls, self._note_partitions((t, p) for t, p, _ in updates))
         return [i for i, done in enumerate(replies) if not done]
@@ -220,14 +294,18 @@ class DedupState:
         """pushed := persisted (Pulsar's resetHighestSequenceIdPushed): after a write that
         definitely failed, once the partition's in-flight writes have settled. False when
         the token no longer matched (state lost): nothing was changed."""
-        pushed, persisted, _, token_key = self._keys(topic, partition)
-        (done,) = await self._run([(_RESET, (pushed, persisted, token_key), [token or ""])])
+        pushed, persisted, _, token_key, pushed_chunk, persisted_chunk = self._keys(
+            topic, partition
+        )
+        keys = (pushed, persisted, token_key, pushed_chunk, persisted_chunk)
+        (done,) = await self._run([(_RESET, keys, [token or ""])])
         return bool(done)
 
     # -- reading ----------------------------------------------------------------------------
 
     async def last_sequence(self, topic: str, partition: int, producer: str) -> int:
-        """persisted[producer] on this partition, -1 when unknown (Pulsar's getLastSequenceId)."""
+        """persisted[producer] on this partition, -1 when unknown (Pulsar's getLastSequenceId).
+        A chunked message counts once its last chunk is persisted."""
         persisted = self._keys(topic, partition)[1]
         pipe = self._redis.pipeline(transaction=False)
         pipe.hget(persisted, producer)
@@ -236,18 +314,42 @@ class DedupState:
 
     async def producers(self, topic: str, partition: int) -> dict[str, ProducerState]:
         """Every producer the partition tracks, with its pushed, persisted and last seen."""
-        pushed_key, persisted_key, seen_key, _ = self._keys(topic, partition)
+        pushed_key, persisted_key, seen_key, _, pushed_chunk_key, persisted_chunk_key = self._keys(
+            topic, partition
+        )
         pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
         pipe.hgetall(pushed_key)
         pipe.hgetall(persisted_key)
         pipe.zrange(seen_key, 0, -1, withscores=True)
-        pushed_raw, persisted_raw, seen_raw = await pipe.execute()
+        pipe.hgetall(pushed_chunk_key)
+        pipe.hgetall(persisted_chunk_key)
+        (
+            pushed_raw,
+            persisted_raw,
+            seen_raw,
+            pushed_chunk_raw,
+            persisted_chunk_raw,
+        ) = await pipe.execute()
         pushed = {_text(p): int(s) for p, s in pushed_raw.items()}
         persisted = {_text(p): int(s) for p, s in persisted_raw.items()}
         seen = {_text(p): int(ms) for p, ms in seen_raw}
+        pushed_chunk = _chunks(pushed_chunk_raw)
+        persisted_chunk = _chunks(persisted_chunk_raw)
         return {
-            p: ProducerState(pushed.get(p), persisted.get(p), seen.get(p))
-            for p in sorted(pushed.keys() | persisted.keys() | seen.keys())
+            p: ProducerState(
+                pushed.get(p),
+                persisted.get(p),
+                seen.get(p),
+                pushed_chunk.get(p),
+                persisted_chunk.get(p),
+            )
+            for p in sorted(
+                pushed.keys()
+                | persisted.keys()
+                | seen.keys()
+                | pushed_chunk.keys()
+                | persisted_chunk.keys()
+            )
         }
 
     async def partitions(self, topic: str) -> list[int]:
@@ -312,7 +414,9 @@ class DedupState:
     ) -> None:
         """Both maps become `persisted` (pushed = persisted). Known producers keep their
         last-seen time, new ones get now_ms, producers missing from the map go."""
-        await self._load(topic, partition, {p: (s, None) for p, s in persisted.items()}, now_ms, "")
+        await self._load(
+            topic, partition, {p: (s, None) for p, s in persisted.items()}, {}, now_ms, ""
+        )
 
     async def load_recovered(
         self,
@@ -321,51 +425,83 @@ class DedupState:
         producers: Mapping[str, tuple[int, int]],
         token: str,
         now_ms: int,
+        chunks: Mapping[str, tuple[ChunkProgress, int]] | None = None,
     ) -> None:
         """Recovery: both maps become {producer: (sequence, last seen ms)} (pushed =
-        persisted), a producer's last seen is the later of the given and the known one, and
-        the partition takes `token`: calls made with an older token answer "lost"."""
+        persisted), both chunk maps {producer: (message in progress, last seen ms)}, a
+        producer's last seen is the later of the given and the known one, and the partition
+        takes `token`: calls made with an older token answer "lost"."""
         if not token:
             raise ValueError("a recovery token must not be empty")
-        await self._load(topic, partition, dict(producers), now_ms, token)
+        await self._load(topic, partition, dict(producers), dict(chunks or {}), now_ms, token)
 
     async def recovered_view(
         self, topic: str, partition: int, token: str
     ) -> dict[str, tuple[int, int]] | None:
-        """{producer: (persisted sequence, last seen ms)} read atomically, for a snapshot;
-        None when the partition no longer holds `token` (state lost or recovered by another)."""
-        _, persisted_key, seen_key, token_key = self._keys(topic, partition)
+        """{producer: (persisted sequence, last seen ms)} read atomically; None when the
+        partition no longer holds `token` (state lost or recovered by another)."""
+        state = await self.recovered_state(topic, partition, token)
+        return None if state is None else state.producers
+
+    async def recovered_state(
+        self, topic: str, partition: int, token: str
+    ) -> RecoveredState | None:
+        """The persisted maps (sequences and chunked messages in progress) with last seen
+        times, read atomically, for a snapshot; None when the partition no longer holds
+        `token` (state lost or recovered by another)."""
+        _, persisted_key, seen_key, token_key, _, persisted_chunk_key = self._keys(topic, partition)
         pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
         pipe.get(token_key)
         pipe.hgetall(persisted_key)
         pipe.zrange(seen_key, 0, -1, withscores=True)
-        found, persisted_raw, seen_raw = await pipe.execute()
+        pipe.hgetall(persisted_chunk_key)
+        found, persisted_raw, seen_raw, chunks_raw = await pipe.execute()
         if found is None or _text(found) != token:
             return None
         seen = {_text(p): int(ms) for p, ms in seen_raw}
-        return {_text(p): (int(s), seen.get(_text(p), 0)) for p, s in persisted_raw.items()}
+        return RecoveredState(
+            {_text(p): (int(s), seen.get(_text(p), 0)) for p, s in persisted_raw.items()},
+            {p: (chunk, seen.get(p, 0)) for p, chunk in _chunks(chunks_raw).items()},
+        )
 
     async def _load(
         self,
         topic: str,
         partition: int,
         producers: Mapping[str, tuple[int, int | None]],
+        chunks: Mapping[str, tuple[ChunkProgress, int]],
         now_ms: int,
         token: str,
     ) -> None:
         args = [str(now_ms), token]
-        for producer, (sequence, seen_ms) in producers.items():
-            args += (producer, _sequence(sequence), "" if seen_ms is None else str(seen_ms))
+        for producer in producers.keys() | chunks.keys():
+            sequence, seen_ms = producers.get(producer, (None, None))
+            chunk, chunk_seen_ms = chunks.get(producer, (None, None))
+            if chunk_seen_ms is not None:
+                seen_ms = max(seen_ms or 0, chunk_seen_ms)
+            args += (
+                producer,
+                "" if sequence is None else _sequence(sequence),
+                "" if seen_ms is None else str(seen_ms),
+                "" if chunk is None else chunk.encode(),
+            )
         calls: list[_Call] = [(_LOAD, self._keys(topic, partition), args)]
         await self._run(calls, self._note_partitions([(topic, partition)]))
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _keys(self, topic: str, partition: int) -> tuple[str, str, str, str]:
+    def _keys(self, topic: str, partition: int) -> tuple[str, str, str, str, str, str]:
         if partition < 0:
             raise ValueError(f"partition must be >= 0: {partition}")
         base = f"{self._prefix}:{{{topic}/{partition}}}"
-        return f"{base}:pushed", f"{base}:persisted", f"{base}:seen", f"{base}:token"
+        return (
+            f"{base}:pushed",
+            f"{base}:persisted",
+            f"{base}:seen",
+            f"{base}:token",
+            f"{base}:pushed_chunk",
+            f"{base}:persisted_chunk",
+        )
 
     def _partitions_key(self, topic: str) -> str:
         return f"{self._prefix}:{{{topic}}}:partitions"
@@ -423,6 +559,10 @@ def _sequence(value: int) -> str:
     if not SEQUENCE_MIN <= value <= SEQUENCE_MAX:
         raise ValueError(f"sequence outside signed 64-bit: {value}")
     return str(int(value))
+
+
+def _chunks(raw: Mapping[bytes | str, bytes | str]) -> dict[str, ChunkProgress]:
+    return {_text(p): ChunkProgress.decode(_text(value)) for p, value in raw.items()}
 
 
 def _glob_escape(text: bytes) -> bytes:

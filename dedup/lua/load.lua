@@ -1,15 +1,18 @@
 -- load for ONE topic-partition (recovery): both maps become the recovered persisted map
--- (pushed = persisted) and the partition gets the recovering proxy's token. A producer's
--- last-seen time is the latest of the one given and the one Redis knows ("" given: the
--- known one, else now); producers missing from the map are forgotten.
+-- (pushed = persisted), the chunked messages in progress likewise, and the partition gets
+-- the recovering proxy's token. A producer's last-seen time is the latest of the one given
+-- and the one Redis knows ("" given: the known one, else now); producers missing from the
+-- map are forgotten.
 --
--- KEYS: pushed, persisted, seen, token
--- ARGV: now_ms, token ("" = remove the token), then producer, sequence, seen_ms per producer
+-- KEYS: pushed, persisted, seen, token, pushed_chunk, persisted_chunk
+-- ARGV: now_ms, token ("" = remove the token), then per producer: producer, sequence ("" =
+--       no complete sequence yet), seen_ms, chunk in progress (encoded as in seq.lua, "" =
+--       none)
 local pushed_key, persisted_key, seen_key, token_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = tonumber(ARGV[1])
 
 local seen = {}
-for i = 3, #ARGV, 3 do
+for i = 3, #ARGV, 4 do
     local p, given = ARGV[i], tonumber(ARGV[i + 2])
     local known = tonumber(redis.call('ZSCORE', seen_key, p))
     if given and known then
@@ -18,11 +21,17 @@ for i = 3, #ARGV, 3 do
         seen[p] = given or known or now
     end
 end
-redis.call('DEL', pushed_key, persisted_key, seen_key, token_key)
-for i = 3, #ARGV, 3 do
-    local p, s = ARGV[i], ARGV[i + 1]
-    redis.call('HSET', pushed_key, p, s)
-    redis.call('HSET', persisted_key, p, s)
+redis.call('DEL', pushed_key, persisted_key, seen_key, token_key, KEYS[5], KEYS[6])
+for i = 3, #ARGV, 4 do
+    local p, s, chunk = ARGV[i], ARGV[i + 1], ARGV[i + 3]
+    if s ~= '' then
+        redis.call('HSET', pushed_key, p, s)
+        redis.call('HSET', persisted_key, p, s)
+    end
+    if chunk ~= '' then
+        redis.call('HSET', KEYS[5], p, chunk)
+        redis.call('HSET', KEYS[6], p, chunk)
+    end
     redis.call('ZADD', seen_key, seen[p], p)
 end
 if ARGV[2] ~= '' then

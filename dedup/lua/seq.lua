@@ -30,3 +30,42 @@ end
 local function token_matches(key, token)
     return token == '' or redis.call('GET', key) == token
 end
+
+-- Chunked messages (dedup/chunks.py): a producer's message in progress is kept beside its
+-- sequence as "sequence chunk_id chunk_count total_size size uuid" (the uuid, which may hold
+-- spaces, runs to the end). A record's position is (sequence, chunk id); a whole record, or
+-- a last chunk, is at (sequence, LAST), after every chunk of its sequence.
+local LAST = 2147483648
+
+local function chunk_decode(text)
+    local s, c, n, t, z, u = string.match(text, '^(%S+) (%d+) (%d+) (%d+) (%d+) (.*)$')
+    return { s = s, c = tonumber(c), n = tonumber(n), t = tonumber(t), z = tonumber(z), u = u }
+end
+
+local function chunk_encode(s, c, n, t, z, u)
+    return s .. ' ' .. string.format('%d', c) .. ' ' .. string.format('%d', n) .. ' '
+        .. string.format('%d', t) .. ' ' .. string.format('%d', z) .. ' ' .. u
+end
+
+-- pos_cmp(s, c, seq, chunk): the position (s, c) against the one a state holds: its chunk
+-- in progress if any (encoded, or false), else its sequence (or false) at LAST. A state
+-- holding nothing is below every position (1).
+local function pos_cmp(s, c, seq, chunk)
+    local other_s, other_c
+    if chunk then
+        other_s, other_c = string.match(chunk, '^(%S+) (%d+)')
+        other_c = tonumber(other_c)
+    elseif seq then
+        other_s, other_c = seq, LAST
+    else
+        return 1
+    end
+    local by_seq = seq_cmp(s, other_s)
+    if by_seq ~= 0 then
+        return by_seq
+    end
+    if c == other_c then
+        return 0
+    end
+    return c < other_c and -1 or 1
+end

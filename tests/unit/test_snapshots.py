@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dedup.chunks import MAX_CHUNK_COUNT, MAX_TOTAL_SIZE, ChunkProgress
 from dedup.snapshots import (
     MAGIC,
+    ChunkEntry,
     CorruptSnapshot,
     ProducerEntry,
     Snapshot,
@@ -35,21 +37,57 @@ entries = st.builds(
     sequence=st.integers(INT64_MIN, INT64_MAX),
     last_seen_ms=st.integers(0, INT64_MAX),
 )
+
+
+@st.composite
+def chunk_entries(draw: st.DrawFn) -> ChunkEntry:
+    count = draw(st.integers(2, MAX_CHUNK_COUNT))
+    total = draw(st.integers(0, MAX_TOTAL_SIZE))
+    progress = ChunkProgress(
+        sequence=draw(st.integers(INT64_MIN, INT64_MAX)),
+        uuid=draw(st.text(min_size=1, max_size=20)),
+        chunk_id=draw(st.integers(0, count - 2)),
+        chunk_count=count,
+        total_size=total,
+        size=draw(st.integers(0, total)),
+    )
+    return ChunkEntry(progress, draw(st.integers(0, INT64_MAX)))
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
     max_leaves=8,
 )
-snapshots = st.builds(
-    Snapshot,
-    topic=topics,
-    partition=st.integers(0, 2**31 - 1),
-    offset=st.integers(0, INT64_MAX),
-    created_ms=st.integers(0, INT64_MAX),
-    generation=st.integers(0, INT64_MAX),
-    producers=st.dictionaries(st.text(), entries, max_size=20),
-    chunks=st.dictionaries(st.text(), json_values, max_size=3),
-)
+
+
+@st.composite
+def snapshots_of(draw: st.DrawFn) -> Snapshot:
+    producers = draw(st.dictionaries(st.text(), entries, max_size=20))
+    chunks = draw(
+        st.dictionaries(
+            st.text(max_size=3) | st.sampled_from(sorted(producers) or [""]),
+            chunk_entries(),
+            max_size=4,
+        )
+    )
+    return Snapshot(
+        topic=draw(topics),
+        partition=draw(st.integers(0, 2**31 - 1)),
+        offset=draw(st.integers(0, INT64_MAX)),
+        created_ms=draw(st.integers(0, INT64_MAX)),
+        generation=draw(st.integers(0, INT64_MAX)),
+        producers=producers,
+        # A message in progress is above its producer's complete sequence.
+        chunks={
+            name: chunk
+            for name, chunk in chunks.items()
+            if name not in producers or chunk.progress.sequence > producers[name].sequence
+        },
+    )
+
+
+snapshots = snapshots_of()
 
 
 def snapshot(**changes: Any) -> Snapshot:
@@ -195,6 +233,15 @@ def test_decode_says_why(data: bytes, reason: str) -> None:
         ({"producers": {"a": [1, -5]}}, "producer 'a': last_seen_ms -5 is outside"),
         ({"producers": {"a": [False, 0]}}, "producer 'a': sequence must be an integer, not bool"),
         ({"chunks": []}, "chunks is a JSON list"),
+        ({"chunks": {"c": [1, 0, 2, 10, 5]}}, r"chunks of 'c': expected \[sequence, chunk_id"),
+        ({"chunks": {"c": [1, 1, 2, 10, 5, "u", 0]}}, "chunks of 'c': chunk_id 1 is outside"),
+        ({"chunks": {"c": [1, 0, 1, 10, 5, "u", 0]}}, "chunks of 'c': chunk_count 1 is outside"),
+        ({"chunks": {"c": [1, 0, 2, 10, 11, "u", 0]}}, "chunks of 'c': size 11 is outside"),
+        ({"chunks": {"c": [1, 0, 2, 10, 5, "", 0]}}, "chunks of 'c': uuid must be a non-empty"),
+        ({"chunks": {"c": [1, 0, 2, 10, 5, 7, 0]}}, "chunks of 'c': uuid must be a non-empty"),
+        ({"chunks": {"c": [1.5, 0, 2, 10, 5, "u", 0]}}, "chunks of 'c': sequence must be an"),
+        ({"chunks": {"c": [1, 0, 2, 10, 5, "u", -1]}}, "chunks of 'c': last_seen_ms -1 is"),
+        ({"chunks": {"a": [5, 0, 2, 10, 5, "u", 0]}}, "sequence 5 in progress is not above"),
         ({"chunks": ...}, r"missing fields \['chunks'\]"),
         ({"extra": 1}, r"unknown fields \['extra'\]"),
     ],
@@ -213,19 +260,41 @@ def test_invalid_snapshots_cannot_be_built() -> None:
         snapshot(producers={"a": 5})
     with pytest.raises(ValueError, match="chunks key must be a string"):
         snapshot(chunks={1: 2})
+    with pytest.raises(ValueError, match="not a ChunkEntry"):
+        snapshot(chunks={"a": {"uuid": "x"}})
+    with pytest.raises(ValueError, match="not above its complete sequence 5"):
+        snapshot(chunks={"a": ChunkEntry(ChunkProgress(5, "a-5", 0, 2, 10, 4), 0)})
 
 
-def test_chunks_round_trip_as_a_json_object() -> None:
-    original = snapshot(chunks={"p-1": {"uuid": "x", "parts": [0, 1, 2]}})
-    assert Snapshot.decode(original.encode()).chunks == original.chunks
+def test_chunks_in_progress_round_trip_in_their_documented_form() -> None:
+    original = snapshot(
+        chunks={
+            "a": ChunkEntry(ChunkProgress(6, "a-6", 1, 3, 2_500_000, 2_000_000), 300),
+            "only-chunks": ChunkEntry(ChunkProgress(-4, "u u", 0, 2, 7, 0), 9),
+        }
+    )
+    encoded = original.encode()
+    assert encoded.endswith(
+        b'"chunks":{"a":[6,1,3,2500000,2000000,"a-6",300],"only-chunks":[-4,0,2,7,0,"u u",9]}}'
+    )
+    assert Snapshot.decode(encoded) == original
     assert snapshot().chunks == {}
 
 
-def test_chunks_that_json_cannot_hold_are_refused_at_encode() -> None:
-    with pytest.raises(ValueError):
-        snapshot(chunks={"x": float("nan")}).encode()
-    with pytest.raises(TypeError):
-        snapshot(chunks={"x": {1, 2}}).encode()
+def test_capped_keeps_chunks_of_the_kept_producers() -> None:
+    original = snapshot(
+        producers={"old": ProducerEntry(1, 10), "new": ProducerEntry(2, 40)},
+        chunks={
+            "old": ChunkEntry(ChunkProgress(2, "x", 0, 2, 10, 5), 50),  # seen later in chunks
+            "chunk-only": ChunkEntry(ChunkProgress(0, "y", 0, 2, 10, 5), 20),
+        },
+    )
+    capped = original.capped(2)
+    assert set(capped.producers) == {"old", "new"}
+    assert set(capped.chunks) == {"old"}
+    assert set(original.capped(1).chunks) == {"old"} and set(original.capped(1).producers) == {
+        "old"
+    }
 
 
 def test_capped_keeps_the_most_recently_seen() -> None:
