@@ -5,6 +5,8 @@ Kafka ("direct"), and producers writing through the dedup proxy ("proxy"). Spark
 streaming query per round (trigger: as fast as it can) on a fresh topic; the producer
 starts once the query runs.
 
+One unrecorded warm-up round per path comes first.
+
 - **Throughput:** N records sent as fast as one producer can; the clock runs from the
   first send to the commit of the micro-batch that holds the last record.
 - **Latency:** records at a steady rate both paths sustain; per record, the time from its
@@ -215,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     spark = start_session()
     rows: list[Row] = []
     try:
+        for mode in MODES:  # warm-up, not recorded: JIT, first connections, caches
+            bootstrap = info.bootstrap if mode == "direct" else proxy.bootstrap
+            run_round(
+                spark, info.bootstrap, bootstrap, args.out, Round(mode, "warmup", 0, 20_000, None)
+            )
         for index in range(rounds):
             for phase, records, rate in (
                 ("throughput", throughput_records, None),

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dedup.spark.chunks import DEFAULT_EXPIRE_AFTER_S
 from dedup.spark.job import JobConfig, SecondLine, Trigger
 from dedup.spark.runtime import SparkResources
 from dedup.spark.verify import Scope, SinkReport
@@ -60,6 +61,12 @@ def run(
         Path | None,
         typer.Option(help="per-producer summary JSON written at the end (default: OUTPUT.json)"),
     ] = None,
+    reassemble: Annotated[
+        bool, typer.Option(help="join chunked messages into one row each")
+    ] = True,
+    chunk_expire_s: Annotated[
+        float, typer.Option(help="an incomplete chunked message ends after this long")
+    ] = DEFAULT_EXPIRE_AFTER_S,
     ready_file: Annotated[
         Path | None,
         typer.Option(help="created once the query runs (for supervisors and scripts)"),
@@ -93,6 +100,8 @@ def run(
             if drop_duplicates_within is None
             else SecondLine(within=drop_duplicates_within, key_header=dedup_key_header)
         ),
+        reassemble=reassemble,
+        chunk_expire_s=chunk_expire_s,
         kafka_options=_options(kafka_option or []),
     )
     stop = threading.Event()
@@ -191,7 +200,8 @@ def _print_report(report: SinkReport, limit: int = 20) -> None:
     console.print(
         f"rows {report.rows:,}, distinct (producer, sequence) {report.distinct:,}, "
         f"duplicates {_mark(report.duplicates)}, gaps {_mark(report.gaps)}, "
-        f"rows without identity {_mark(report.rows_without_identity)}"
+        f"rows without identity {_mark(report.rows_without_identity)}, "
+        f"incomplete chunked messages {_mark(report.incomplete)}"
     )
 
 

@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dedup.batches import DEFAULT_HEADERS, IdentityHeaders
+from dedup.spark.chunks import DEFAULT_EXPIRE_AFTER_S, reassemble_chunks
+from dedup.spark.rows import header_value, with_identity
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 
@@ -55,6 +57,9 @@ class JobConfig:
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int | None = None
     second_line: SecondLine | None = None
+    # Chunked messages joined into one row each (adds the `chunks_missing` column).
+    reassemble: bool = True
+    chunk_expire_s: float = DEFAULT_EXPIRE_AFTER_S
     identity: IdentityHeaders = DEFAULT_HEADERS
     # Extra options for the Kafka source, e.g. {"kafka.security.protocol": "SSL"}.
     kafka_options: Mapping[str, str] = field(default_factory=dict)
@@ -82,33 +87,6 @@ def read_topic(spark: SparkSession, config: JobConfig) -> DataFrame:
     return reader.load()
 
 
-def header_value(name: str) -> Column:
-    """The last value of header `name` as a string, NULL when absent."""
-    from pyspark.sql import functions as F
-
-    matching = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
-    return F.try_element_at(matching, F.lit(-1))["value"].cast("string")
-
-
-def with_identity(raw: DataFrame, identity: IdentityHeaders = DEFAULT_HEADERS) -> DataFrame:
-    """Source rows plus `producer` and `sequence` from the identity headers, and the time
-    the row entered its micro-batch (for end-to-end latency)."""
-    from pyspark.sql import functions as F
-
-    return raw.select(
-        F.col("topic"),
-        F.col("partition"),
-        F.col("offset"),
-        F.col("timestamp").alias("kafka_timestamp"),
-        F.col("key"),
-        F.col("value"),
-        F.col("headers"),
-        header_value(identity.producer).alias("producer"),
-        header_value(identity.sequence).try_cast("bigint").alias("sequence"),
-        F.current_timestamp().alias("ingested_at"),
-    )
-
-
 def drop_duplicates_within(rows: DataFrame, second_line: SecondLine) -> DataFrame:
     keyed = rows
     keys = ["producer", "sequence"]
@@ -124,9 +102,11 @@ Transform = Callable[["DataFrame"], "DataFrame"]
 
 
 def build_rows(spark: SparkSession, config: JobConfig, *steps: Transform) -> DataFrame:
-    """The rows the sink receives: identity columns, then any extra steps, then the
-    optional second line of dedup."""
+    """The rows the sink receives: identity columns, chunked messages joined, then any
+    extra steps, then the optional second line of dedup."""
     rows = with_identity(read_topic(spark, config), config.identity)
+    if config.reassemble:
+        rows = reassemble_chunks(rows, config.chunk_expire_s)
     for step in steps:
         rows = step(rows)
     if config.second_line is not None:

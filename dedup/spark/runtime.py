@@ -74,6 +74,10 @@ def start_session(resources: SparkResources | None = None) -> SparkSession:
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # Micro-batches only for new data. With them on, the chunk reassembly's
+        # processing-time timeout asks for a batch after every batch, so an availableNow
+        # query would never end; timeouts are then processed when data arrives.
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         # One state store instance per partition is plenty here, and RocksDB keeps the
         # state off the JVM heap when the job meets big chunked messages.
         .config(

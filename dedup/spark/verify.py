@@ -44,11 +44,12 @@ class SinkReport:
     duplicates: int
     gaps: int
     rows_without_identity: int
+    incomplete: int  # chunked messages that ended without all their chunks
     producers: list[ProducerSummary]
 
     @property
     def clean(self) -> bool:
-        return self.duplicates == 0 and self.gaps == 0 and self.rows_without_identity == 0
+        return not any((self.duplicates, self.gaps, self.rows_without_identity, self.incomplete))
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "clean": self.clean}
@@ -64,7 +65,7 @@ def summarize_sink(spark: SparkSession, sink: Path, scope: Scope = Scope.TOPIC) 
     if not (sink / "_spark_metadata").is_dir():
         raise FileNotFoundError(f"{sink} is not the output of a Spark file sink")
     if not any((sink / "_spark_metadata").iterdir()):
-        return SinkReport(0, 0, 0, 0, 0, [])  # no micro-batch committed yet
+        return SinkReport(0, 0, 0, 0, 0, 0, [])  # no micro-batch committed yet
     rows = spark.read.parquet(str(sink))
     identified = rows.where(F.col("producer").isNotNull() & F.col("sequence").isNotNull())
     group = ["topic", "producer"] if scope is Scope.TOPIC else ["topic", "partition", "producer"]
@@ -95,11 +96,15 @@ def summarize_sink(spark: SparkSession, sink: Path, scope: Scope = Scope.TOPIC) 
     ]
     total = rows.count()
     without_identity = total - sum(s.rows for s in summaries)
+    incomplete = (
+        rows.where(F.col("chunks_missing") > 0).count() if "chunks_missing" in rows.columns else 0
+    )
     return SinkReport(
         rows=total,
         distinct=sum(s.distinct for s in summaries),
         duplicates=sum(s.duplicates for s in summaries),
         gaps=sum(s.gaps for s in summaries),
         rows_without_identity=without_identity,
+        incomplete=incomplete,
         producers=summaries,
     )

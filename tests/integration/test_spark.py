@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
+from dedup.chunks import ChunkMeta, chunk_headers, split_payload
 from dedup.client import DedupProducer
 from dedup.spark.job import JobConfig, SecondLine, run_query, start_query
 from dedup.spark.runtime import start_session
@@ -197,3 +198,57 @@ def wait_for_commits(checkpoint: Path, count: int, timeout_s: float = 180) -> No
     while committed_batches(checkpoint) < count:
         assert time.monotonic() < deadline, f"fewer than {count} micro-batches committed"
         time.sleep(0.05)
+
+
+def chunk_record(
+    producer: str, sequence: int, uuid: str, chunk_id: int, count: int, total: int
+) -> list[tuple[str, bytes]]:
+    return [
+        ("dedup.producer", producer.encode()),
+        ("dedup.sequence", str(sequence).encode()),
+        *chunk_headers(ChunkMeta(uuid, chunk_id, count, total)),
+    ]
+
+
+def test_chunked_messages_arrive_as_one_row_across_micro_batches(
+    spark: SparkSession, local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """A 6 MB message in 7 chunks, one chunk per micro-batch, with a chunk written twice
+    (a re-send around the proxy), between whole records; and a message whose last chunk
+    never comes, which ends as an incomplete row when the producer moves on."""
+    topic = new_topic(local_env.bootstrap)
+    big = bytes(range(256)) * (6 * 1024 * 1024 // 256)
+    chunks = split_payload(big, 900 * 1024)
+    producer = Producer({"bootstrap.servers": local_env.bootstrap, "linger.ms": 0})
+
+    def send(value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        producer.produce(topic, value, headers=headers)
+        producer.flush(30)
+
+    send(b"whole-9", [("dedup.producer", b"p"), ("dedup.sequence", b"9")])
+    for chunk_id, chunk in enumerate(chunks):
+        meta = chunk_record("p", 10, "p-10", chunk_id, len(chunks), len(big))
+        send(chunk, meta)
+        if chunk_id == 3:
+            send(chunk, meta)  # the same chunk again
+    send(b"ab", chunk_record("p", 11, "p-11", 0, 3, 5))  # 2 of 3 chunks, then moves on
+    send(b"cd", chunk_record("p", 11, "p-11", 1, 3, 5))
+    send(b"whole-12", [("dedup.producer", b"p"), ("dedup.sequence", b"12")])
+    send(b"xyz", chunk_record("p", 13, "p-13", 0, 2, 4))
+    send(b"w", chunk_record("p", 13, "p-13", 1, 2, 4))
+
+    config = job_config(local_env.bootstrap, topic, tmp_path, max_offsets_per_trigger=1)
+    run_query(start_query(spark, config))
+    rows = {
+        r.sequence: r
+        for r in spark.read.parquet(str(config.output))
+        .select("sequence", "value", "chunks_missing", "offset", "headers")
+        .collect()
+    }
+    assert sorted(rows) == [9, 10, 11, 12, 13]
+    assert bytes(rows[10].value) == big and rows[10].chunks_missing == 0
+    assert {h.key for h in rows[10].headers} == {"dedup.producer", "dedup.sequence"}
+    assert rows[10].offset == 1  # the message's first chunk
+    assert rows[11].value is None and rows[11].chunks_missing == 1
+    assert bytes(rows[13].value) == b"xyzw"
+    assert (bytes(rows[9].value), bytes(rows[12].value)) == (b"whole-9", b"whole-12")
