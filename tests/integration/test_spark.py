@@ -252,3 +252,25 @@ def test_chunked_messages_arrive_as_one_row_across_micro_batches(
     assert rows[11].value is None and rows[11].chunks_missing == 1
     assert bytes(rows[13].value) == b"xyzw"
     assert (bytes(rows[9].value), bytes(rows[12].value)) == (b"whole-9", b"whole-12")
+
+
+def test_a_6_mb_message_sent_twice_through_the_proxy_is_one_row_in_the_sink(
+    spark: SparkSession, dedup_proxy: ProxyProcess, local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """The whole path: DedupProducer chunks the message, the proxy keeps each chunk once
+    (the re-send adds nothing), Spark joins the chunks into one row."""
+    topic = new_topic(local_env.bootstrap, partitions=2)
+    message = bytes(range(251)) * (6_000_000 // 251)
+    for _ in range(2):  # the second producer is the first one restarted
+        producer = DedupProducer(dedup_proxy.bootstrap, "big-files")
+        producer.send(topic, b"before", key="k", sequence_id=9)
+        producer.send(topic, message, key="k", sequence_id=10)
+        producer.send(topic, b"after", key="k", sequence_id=11)
+        assert producer.flush(120) == 0
+
+    report = run_available_now(spark, job_config(local_env.bootstrap, topic, tmp_path))
+
+    assert (report.rows, report.duplicates, report.incomplete) == (3, 0, 0)
+    rows = spark.read.parquet(str(tmp_path / "sink")).orderBy("sequence").collect()
+    assert [r.sequence for r in rows] == [9, 10, 11]
+    assert bytes(rows[1].value) == message
