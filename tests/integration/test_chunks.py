@@ -51,76 +51,29 @@ from dedup.state import DedupState, PartitionCheck, Persisted, ProducerState, St
 from deploy.local import EnvInfo
 from proxy.launcher import ProxyProcess
 from tests.integration.raw_requests import produce_request, record_batch
+from tests.integration.restartable import ProxyPorts, RestartableProxy
 from tests.integration.test_dedup import admin_call, produce_raw, read_all
 from tests.integration.topics import new_topic
 
 pytestmark = pytest.mark.integration
 
-LISTEN, ADMIN, BROKER_BASE = 29192, 29180, 29193
+PORTS = ProxyPorts(listen=29192, admin=29180, broker_base=29193)
 REDIS_DB = 9
 INVALID_RECORD = 87
 CHUNK = 100_000  # the chunk size of the kill tests: several chunks, quickly
 
 
-class ChunkProxy:
-    """A dedup proxy of this module: can be killed with -9 and started again as the same
-    instance (ports, instance id, Redis, snapshot topic)."""
-
-    def __init__(self, env: EnvInfo, log_dir: Path, **settings: str) -> None:
-        self.env = env
-        self.redis_url = env.redis.rsplit("/", 1)[0] + f"/{REDIS_DB}"
-        self.settings = {
-            "DEDUP_PROXY_REDIS": self.redis_url,
-            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"chunks-{uuid.uuid4().hex[:8]}",
-            "DEDUP_PROXY_INSTANCE_ID": f"chunks-test-{uuid.uuid4().hex[:8]}",
-            "DEDUP_PROXY_SNAPSHOT_TOPIC": f"__dedup_snapshots_chunks_{uuid.uuid4().hex[:8]}",
-            "DEDUP_PROXY_POLICY_CACHE_S": "0",
-            **settings,
-        }
-        self.log_dir = log_dir
-        self.runs = 0
-        self.process: ProxyProcess | None = None
-
-    def start(self) -> ProxyProcess:
-        self.runs += 1
-        self.process = ProxyProcess(
-            upstream=self.env.bootstrap,
-            listen_port=LISTEN,
-            admin_port=ADMIN,
-            extra_args=["--broker-port-base", str(BROKER_BASE), "--log-format", "json"],
-            env=self.settings,
-            log_path=self.log_dir / f"proxy-{self.runs}.log",
-        ).start()
-        return self.process
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.kill()
-        self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            assert self.process.stop() == 0
-            self.process = None
-
-    def log_lines(self, words: str) -> list[str]:
-        return [
-            line
-            for run in range(1, self.runs + 1)
-            for line in (self.log_dir / f"proxy-{run}.log").read_text().splitlines()
-            if words in line
-        ]
-
-
 @pytest.fixture
-def chunk_proxy(local_env: EnvInfo, tmp_path: Path) -> Iterator[ChunkProxy]:
-    proxy = ChunkProxy(local_env, tmp_path)
+def chunk_proxy(local_env: EnvInfo, tmp_path: Path) -> Iterator[RestartableProxy]:
+    proxy = RestartableProxy(
+        local_env, tmp_path, PORTS, REDIS_DB, "chunks", DEDUP_PROXY_POLICY_CACHE_S="0"
+    )
     yield proxy
     proxy.stop()
 
 
 @pytest.fixture
-def running(chunk_proxy: ChunkProxy) -> ProxyProcess:
+def running(chunk_proxy: RestartableProxy) -> ProxyProcess:
     return chunk_proxy.start()
 
 
@@ -471,7 +424,7 @@ def test_bad_chunks_are_refused_precisely_and_nothing_is_written(
 
 
 def _kill_mid_message(
-    proxy: ChunkProxy,
+    proxy: RestartableProxy,
     local_env: EnvInfo,
     *,
     snapshot_after: int | None,
@@ -521,7 +474,7 @@ def _kill_mid_message(
 
 
 def test_killed_mid_message_recovers_from_the_snapshot(
-    chunk_proxy: ChunkProxy, local_env: EnvInfo
+    chunk_proxy: RestartableProxy, local_env: EnvInfo
 ) -> None:
     _kill_mid_message(
         chunk_proxy, local_env, snapshot_after=2, sent=3, flush_redis=False, replayed=0
@@ -529,7 +482,7 @@ def test_killed_mid_message_recovers_from_the_snapshot(
 
 
 def test_killed_mid_message_with_redis_flushed_recovers_by_replay(
-    chunk_proxy: ChunkProxy, local_env: EnvInfo
+    chunk_proxy: RestartableProxy, local_env: EnvInfo
 ) -> None:
     _kill_mid_message(
         chunk_proxy, local_env, snapshot_after=None, sent=2, flush_redis=True, replayed=2
@@ -537,7 +490,7 @@ def test_killed_mid_message_with_redis_flushed_recovers_by_replay(
 
 
 def test_killed_mid_message_replay_continues_the_snapshot(
-    chunk_proxy: ChunkProxy, local_env: EnvInfo
+    chunk_proxy: RestartableProxy, local_env: EnvInfo
 ) -> None:
     # Chunks 0-1 in the snapshot, 2-3 only in the log: the bytes so far must add up.
     _kill_mid_message(

@@ -9,7 +9,6 @@ order.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,67 +23,23 @@ from dedup.snapshots import SnapshotStore, slot_key, snapshot_partition
 from deploy.local import EnvInfo, LocalEnvironment
 from proxy.launcher import ProxyProcess
 from tests.integration.load import SequencedProducer
+from tests.integration.restartable import ProxyPorts, RestartableProxy
 from tests.integration.test_dedup import assert_exactly_once_in_order, values
 from tests.integration.topics import new_topic
 
 pytestmark = pytest.mark.integration
 
-LISTEN, ADMIN, BROKER_BASE = 27092, 27080, 27093
+PORTS = ProxyPorts(listen=27092, admin=27080, broker_base=27093)
 REDIS_DB = 5  # this file's proxies only: a FLUSHDB here touches no other test's state
 
 
-class RestartableProxy:
-    """A dedup proxy that can be killed with -9 and started again with the same identity
-    (ports, instance id, Redis, snapshot topic), as a supervisor would restart it."""
-
-    def __init__(self, env: EnvInfo, log_dir: Path, **settings: str) -> None:
-        self.env = env
-        self.redis_url = env.redis.rsplit("/", 1)[0] + f"/{REDIS_DB}"
-        self.snapshot_topic = f"__dedup_snapshots_test_{uuid.uuid4().hex[:8]}"
-        self.settings = {
-            "DEDUP_PROXY_REDIS": self.redis_url,
-            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"rec-{uuid.uuid4().hex[:8]}",
-            "DEDUP_PROXY_INSTANCE_ID": f"recovery-test-{uuid.uuid4().hex[:8]}",
-            "DEDUP_PROXY_SNAPSHOT_TOPIC": self.snapshot_topic,
-            **settings,
-        }
-        self.log_dir = log_dir
-        self.runs = 0
-        self.process: ProxyProcess | None = None
-
-    def start(self) -> ProxyProcess:
-        self.runs += 1
-        self.process = ProxyProcess(
-            upstream=self.env.bootstrap,
-            listen_port=LISTEN,
-            admin_port=ADMIN,
-            extra_args=["--broker-port-base", str(BROKER_BASE), "--log-format", "json"],
-            env=self.settings,
-            log_path=self.log_dir / f"proxy-{self.runs}.log",
-        ).start()
-        return self.process
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.kill()  # SIGKILL: no drain, no flush, writes left in flight
-        self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            assert self.process.stop() == 0
-            self.process = None
-
-    def log_events(self) -> list[str]:
-        return [
-            line
-            for run in range(1, self.runs + 1)
-            for line in (self.log_dir / f"proxy-{run}.log").read_text().splitlines()
-        ]
+def recovery_proxy(env: EnvInfo, log_dir: Path, **settings: str) -> RestartableProxy:
+    return RestartableProxy(env, log_dir, PORTS, REDIS_DB, "recovery", **settings)
 
 
 @pytest.fixture
 def restartable(local_env: EnvInfo, tmp_path: Path) -> Iterator[RestartableProxy]:
-    proxy = RestartableProxy(local_env, tmp_path)
+    proxy = recovery_proxy(local_env, tmp_path)
     yield proxy
     proxy.stop()
 
@@ -162,7 +117,7 @@ def test_proxy_killed_producer_gives_up_and_resumes_from_last_sequence_id(
 def test_restart_with_a_snapshot_far_behind_replays_the_tail(
     local_env: EnvInfo, tmp_path: Path
 ) -> None:
-    restartable = RestartableProxy(
+    restartable = recovery_proxy(
         local_env,
         tmp_path,
         DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100000000",
@@ -204,7 +159,7 @@ def test_graceful_stop_snapshots_so_the_restart_replays_nothing(
 @pytest.fixture
 def rare_snapshots(local_env: EnvInfo, tmp_path: Path) -> Iterator[RestartableProxy]:
     """Snapshots only when asked: what came after one can only be known by replaying it."""
-    proxy = RestartableProxy(
+    proxy = recovery_proxy(
         local_env,
         tmp_path,
         DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100000000",
@@ -313,7 +268,7 @@ def test_damaged_snapshots_fall_back_and_lose_nothing(
 ) -> None:
     import asyncio
 
-    restartable = RestartableProxy(local_env, tmp_path, DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100")
+    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100")
     topic = new_topic(local_env.bootstrap)
     total = 2000
     try:
