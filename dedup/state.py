@@ -216,8 +216,14 @@ class DedupState:
         calls: list[_Call] = []
         for check in checks:
             args = [str(now_ms), str(self._max_producers), check.token or ""]
-            chunks = check.chunks or [None] * len(check.identities)
-            for (producer, sequence), chunk in zip(check.identities, chunks, strict=True):
+            if not check.chunks:  # no chunk in the batch: two arguments per record
+                args.append("2")
+                for producer, sequence in check.identities:
+                    args += (producer, _sequence(sequence))
+                calls.append((_CHECK, self._keys(check.topic, check.partition), args))
+                continue
+            args.append("7")
+            for (producer, sequence), chunk in zip(check.identities, check.chunks, strict=True):
                 args += (producer, _sequence(sequence))
                 if chunk is None:
                     args += ("", "", "", "", "")

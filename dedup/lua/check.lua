@@ -4,12 +4,13 @@
 --
 -- KEYS: pushed (hash), persisted (hash), seen (zset producer -> last seen ms), token (string),
 --       pushed_chunk (hash), persisted_chunk (hash): the chunked message in progress
--- ARGV: now_ms, max_producers, token, then for every record in batch order: producer,
---       sequence, chunk id ("" for a record that is not a chunk), chunk count, total size,
---       value size, uuid
+-- ARGV: now_ms, max_producers, token, stride (2 or 7), then for every record in batch order:
+--       producer, sequence, and with stride 7: chunk id ("" for a record that is not a
+--       chunk), chunk count, total size, value size, uuid. A batch without chunks (the
+--       common case) is sent with stride 2, which keeps the plain check as cheap as before.
 -- Returns { statuses, sizes, evicted producer... }; statuses holds one digit per record:
--- "0" NotDup, "1" Dup, "2" Unknown; sizes one entry per record: the bytes of its message
--- so far for a NotDup chunk that is not the last, else "". Returns { "lost" } and changes
+-- "0" NotDup, "1" Dup, "2" Unknown; sizes (stride 7 only, else empty) one entry per record:
+-- the bytes of its message so far for a NotDup chunk that is not the last, else "". Returns { "lost" } and changes
 -- nothing when a token is given and the partition's token differs: its state was lost or
 -- replaced since the caller recovered it, so no answer from it can be trusted. Returns
 -- { "bad", record number (1-based), message } and changes nothing when a chunk breaks the
@@ -40,9 +41,11 @@ local function where(c, u, s)
 end
 
 local n = 0
-for i = 4, #ARGV, 7 do
+local stride = tonumber(ARGV[4])
+for i = 5, #ARGV, stride do
     n = n + 1
-    local p, s, c_text = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local p, s = ARGV[i], ARGV[i + 1]
+    local c_text = stride == 7 and ARGV[i + 2] or ''
     if before[p] == nil then
         before[p] = redis.call('HGET', pushed_key, p)
         before_chunk[p] = redis.call('HGET', pushed_chunk_key, p)
@@ -120,7 +123,9 @@ for i = 4, #ARGV, 7 do
         end
     end
     statuses[#statuses + 1] = status
-    sizes[#sizes + 1] = size_out
+    if stride == 7 then
+        sizes[#sizes + 1] = size_out
+    end
 end
 
 local result = { table.concat(statuses), sizes }
