@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer, TopicPartition
+
 from dedup.client import DedupProducer
 from dedup.spark.job import JobConfig, Trigger, start_query
 from dedup.spark.runtime import start_session
@@ -84,7 +86,9 @@ class Round:
     rate: float | None  # records/s; None: as fast as the producer goes
 
 
-def run_round(spark: Any, kafka: str, producer_bootstrap: str, work: Path, plan: Round) -> Row:
+def run_round(
+    spark: Any, kafka: str, producer_bootstrap: str, work: Path, plan: Round, reassemble: bool
+) -> Row:
     from pyspark.sql import functions as F
 
     mode, phase, index, records = plan.mode, plan.phase, plan.index, plan.records
@@ -97,16 +101,18 @@ def run_round(spark: Any, kafka: str, producer_bootstrap: str, work: Path, plan:
         checkpoint=directory / "checkpoint",
         trigger=Trigger.CONTINUOUS,
         interval_s=0,
+        reassemble=reassemble,
     )
     query = start_query(spark, config)
     while not (config.checkpoint / "metadata").exists():
         time.sleep(0.05)
     started = produce(producer_bootstrap, topic, records, plan.rate)
-    read = 0
+    # Done when a committed micro-batch reached the end of every partition. (Counting input
+    # rows would not do: the chunk reassembly scans the source twice per micro-batch.)
+    ends = end_offsets(kafka, topic)
     deadline = time.monotonic() + 600
-    while read < records:
-        assert time.monotonic() < deadline, f"{mode}/{phase}: the sink got {read} of {records}"
-        read = sum(int(p["numInputRows"]) for p in query.recentProgress)
+    while not reached(query.lastProgress, topic, ends):
+        assert time.monotonic() < deadline, f"{mode}/{phase}: the sink did not reach {ends}"
         time.sleep(0.05)
     commits = sorted((config.checkpoint / "commits").glob("[0-9]*"), key=lambda f: int(f.name))
     finished = commits[-1].stat().st_mtime
@@ -133,6 +139,26 @@ def run_round(spark: Any, kafka: str, producer_bootstrap: str, work: Path, plan:
         p99_ms=_percentile(latencies, 0.99),
         max_ms=latencies[-1],
     )
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-pipeline"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return {
+            str(p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in partitions
+        }
+    finally:
+        consumer.close()
+
+
+def reached(progress: Any, topic: str, ends: dict[str, int]) -> bool:
+    if progress is None or not progress["sources"]:
+        return False
+    raw = progress["sources"][0]["endOffset"]  # {topic: {partition: offset}}, maybe as text
+    end = (json.loads(raw) if isinstance(raw, str) else raw).get(topic, {})
+    return all(end.get(p, -1) >= offset for p, offset in ends.items())
 
 
 def _percentile(sorted_values: list[float], fraction: float) -> float:
@@ -194,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer records, 2 rounds")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keep-env", action="store_true", help="leave Kafka and Redis up")
+    parser.add_argument(
+        "--no-reassemble", action="store_true", help="the job without chunk reassembly"
+    )
     args = parser.parse_args(argv)
+    reassemble = not args.no_reassemble
     rounds = 2 if args.quick else args.rounds
     throughput_records = 30_000 if args.quick else 150_000
     latency_rate, latency_seconds = 1_000.0, (10 if args.quick else 20)
@@ -219,9 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for mode in MODES:  # warm-up, not recorded: JIT, first connections, caches
             bootstrap = info.bootstrap if mode == "direct" else proxy.bootstrap
-            run_round(
-                spark, info.bootstrap, bootstrap, args.out, Round(mode, "warmup", 0, 20_000, None)
-            )
+            warmup = Round(mode, "warmup", 0, 20_000, None)
+            run_round(spark, info.bootstrap, bootstrap, args.out, warmup, reassemble)
         for index in range(rounds):
             for phase, records, rate in (
                 ("throughput", throughput_records, None),
@@ -230,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in MODES:
                     bootstrap = info.bootstrap if mode == "direct" else proxy.bootstrap
                     plan = Round(mode, phase, index, records, rate)
-                    row = run_round(spark, info.bootstrap, bootstrap, args.out, plan)
+                    row = run_round(spark, info.bootstrap, bootstrap, args.out, plan, reassemble)
                     rows.append(row)
                     print(json.dumps(asdict(row)), flush=True)
     finally:
