@@ -192,13 +192,16 @@ def accept_chunk(
 ) -> ChunkProgress | None:
     """The proxy's rule for a chunk above the producer's pushed position (which would be
     NotDup): the producer's message in progress afterwards (None: this chunk completed it),
-    or `ChunkError` (the partition batch is refused with INVALID_RECORD, nothing written):
+    or `ChunkError` (the partition batch is refused with INVALID_RECORD, nothing written;
+    a skip ahead is refused as not written and retriable instead, see below):
 
     - it continues the message in progress (same sequence): same uuid, count and total
-      size, and exactly the next chunk id; a skipped chunk can never be reassembled;
-    - else it starts a message: chunk id 0. A new sequence while another message is
-      incomplete abandons that one (the producer moved on; its re-sends are duplicates now,
-      consumers drop its chunks), as a newer sequence always wins;
+      size, and exactly the next chunk id (a skipped chunk could never be reassembled; but
+      the chunk before may still come, in a pipelined request that was refused while its
+      partition recovered, or that is being retried, so the client is told to retry);
+    - else it starts a message: chunk id 0 (likewise retriable). A new sequence while
+      another message is incomplete abandons that one (the producer moved on; its re-sends
+      are duplicates now, consumers drop its chunks), as a newer sequence always wins;
     - the chunks' sizes never exceed the total, and the last chunk makes it exact.
     """
     # The messages are the Lua check's, word for word (tests compare them).

@@ -14,9 +14,10 @@ A message larger than ``chunk_size`` (default 1,000,000 bytes, below Kafka's def
 ``max.message.bytes`` of 1,048,588 with room for the key, headers and batch overhead) is
 sent as chunks (`dedup.chunks`): one record per ``chunk_size`` bytes, all with the message's
 sequence id and key, the caller's headers and the four chunk headers, in order, to one
-partition (the key's, or for a message without key, one chosen at random from the topic's
-metadata). ``on_delivery`` is called once per message: at the first chunk that failed, or
-with the last chunk once every chunk is delivered. Messages above ``max_message_size``
+partition (the key's, or for a message without key, one picked from the message's uuid and
+the topic's partition count, so that a restarted producer re-sends it to the same one).
+``on_delivery`` is called once per message: at the first chunk that failed, or with the
+last chunk once every chunk is delivered. Messages above ``max_message_size``
 (default 64 MiB) are refused with ValueError. `dedup.chunked_consumer` reassembles them.
 
 Without ``sequence_id`` the producer numbers messages itself, per topic, continuing from
@@ -28,10 +29,10 @@ a message is given up only when the caller says so (``message.timeout.ms``).
 from __future__ import annotations
 
 import json
-import random
 import urllib.parse
 import urllib.request
 import uuid
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -118,11 +119,11 @@ class DedupProducer:
         if data is None or len(data) <= self.chunk_size:
             self._produce(topic, data, key, [*(headers or []), *identity], partition, on_delivery)
         else:
-            if partition is None and key is None:
-                partition = self._random_partition(topic)  # every chunk to the same one
-            chunks = split_payload(data, self.chunk_size)
             # Pulsar's uuid: a restarted producer re-sends a message under the same one.
             uuid_text = f"{self.producer_name}-{sequence_id}"
+            if partition is None and key is None:  # every chunk to the same partition
+                partition = self._partition_for(topic, uuid_text)
+            chunks = split_payload(data, self.chunk_size)
             whole = _WholeMessage(len(chunks), on_delivery)
             for chunk_id, chunk in enumerate(chunks):
                 meta = ChunkMeta(uuid_text, chunk_id, len(chunks), len(data))
@@ -150,14 +151,16 @@ class DedupProducer:
             except BufferError:  # local queue full: let deliveries drain, then retry
                 self._producer.poll(0.1)
 
-    def _random_partition(self, topic: str) -> int:
+    def _partition_for(self, topic: str, uuid_text: str) -> int:
+        """The same partition for the same message, as long as the topic keeps its
+        partition count: dedup is per partition, so a re-send must meet its first send."""
         count = self._partitions.get(topic)
         if count is None:
             found = self._producer.list_topics(topic, timeout=30).topics.get(topic)
             if found is None or found.error is not None or not found.partitions:
                 raise RuntimeError(f"no partitions known for topic {topic!r}")
             count = self._partitions[topic] = len(found.partitions)
-        return random.randrange(count)
+        return zlib.crc32(uuid_text.encode()) % count
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait for every queued message; returns how many are still queued."""

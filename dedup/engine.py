@@ -300,6 +300,13 @@ class DedupEngine:
                     partition=item.partition,
                     producers=list(verdict.evicted),
                 )
+            if verdict.gap:
+                # Kafka's answer to a sequence gap, in kind: not written, retry. The chunk
+                # before may be in a request refused while the partition recovered, or be
+                # retried right now; the client re-sends both, in order.
+                metrics.RECORDS.labels("unknown").inc(len(item.identified))
+                item.answer = _not_written(f"{verdict.bad}; the chunk before is still to come")
+                continue
             if verdict.bad is not None:
                 self._refuse_bad_chunk(item, verdict.bad, verdict.bad_index)
                 continue

@@ -122,6 +122,8 @@ class PartitionVerdict:
     sizes: tuple[int | None, ...] = ()
     bad: str | None = None  # a chunk broke the chunk rule: why (nothing was updated)
     bad_index: int = -1  # and which identity (0-based)
+    # The rule broken is only a skip ahead: the chunk before may still come (retriable).
+    gap: bool = False
 
     @property
     def refused(self) -> bool:
@@ -246,10 +248,16 @@ class DedupState:
             if _text(statuses) == "lost":
                 verdicts.append(PartitionVerdict((), (), lost=True))
                 continue
-            if _text(statuses) == "bad":
+            if _text(statuses) in ("bad", "gap"):
                 number, message = rest
                 verdicts.append(
-                    PartitionVerdict((), (), bad=_text(message), bad_index=int(number) - 1)
+                    PartitionVerdict(
+                        (),
+                        (),
+                        bad=_text(message),
+                        bad_index=int(number) - 1,
+                        gap=_text(statuses) == "gap",
+                    )
                 )
                 continue
             sizes, *evicted = rest

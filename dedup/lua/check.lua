@@ -14,7 +14,9 @@
 -- nothing when a token is given and the partition's token differs: its state was lost or
 -- replaced since the caller recovered it, so no answer from it can be trusted. Returns
 -- { "bad", record number (1-based), message } and changes nothing when a chunk breaks the
--- chunk rule (dedup/chunks.py `accept_chunk`, whose messages these are word for word).
+-- chunk rule (dedup/chunks.py `accept_chunk`, whose messages these are word for word), or
+-- { "gap", ... } alike when the chunk skips ahead: an earlier chunk may still be on its way
+-- (a pipelined request refused while the partition recovered, or being retried).
 --
 -- The check is on positions (sequence, chunk id), not on sequences: pushed[p] and
 -- persisted[p] stay at the last COMPLETE sequence, and a message in progress sits beside
@@ -82,12 +84,12 @@ for i = 5, #ARGV, stride do
             local so_far = 0
             if same then
                 if tonumber(c_text) ~= cur.c + 1 then
-                    return { 'bad', n, where(c_text, u, s) .. ' skips ahead: the next chunk is '
+                    return { 'gap', n, where(c_text, u, s) .. ' skips ahead: the next chunk is '
                         .. (cur.c + 1) }
                 end
                 so_far = cur.z
             elseif c_text ~= '0' then
-                return { 'bad', n, where(c_text, u, s)
+                return { 'gap', n, where(c_text, u, s)
                     .. " skips ahead: the message's chunk 0 was never accepted" }
             end
             so_far = so_far + size

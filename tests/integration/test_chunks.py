@@ -60,6 +60,7 @@ pytestmark = pytest.mark.integration
 PORTS = ProxyPorts(listen=29192, admin=29180, broker_base=29193)
 REDIS_DB = 9
 INVALID_RECORD = 87
+NOT_ENOUGH_REPLICAS = 19  # the proxy's "not written, retry"
 CHUNK = 100_000  # the chunk size of the kill tests: several chunks, quickly
 
 
@@ -207,6 +208,24 @@ def test_six_megabyte_message_arrives_once_and_a_resend_adds_nothing(
         DedupProducer(running.bootstrap, "tiny", max_message_size=1000).send(topic, b"x" * 1001)
 
 
+def test_an_unkeyed_message_resent_by_a_restarted_producer_meets_its_first_send(
+    running: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """Dedup is per partition: without a key, the chunks' partition comes from the
+    message's uuid, so the restarted producer's re-send lands where the first send did."""
+    partitions = 4
+    topic = new_topic(local_env.bootstrap, partitions=partitions)
+    values = {sequence: payload(250_000, seed=sequence) for sequence in range(6)}
+    for _ in range(2):  # a fresh producer each time: nothing remembered in between
+        producer = DedupProducer(running.bootstrap, "unkeyed", chunk_size=100_000)
+        for sequence, value in values.items():
+            producer.send(topic, value, sequence_id=sequence)
+        assert producer.flush(60) == 0
+    got = assembled(local_env.bootstrap, topic, partitions)
+    assert sorted((m.sequence, m.value) for m in got) == sorted(values.items())
+    assert len({m.partition for m in got}) > 1, "the messages spread over the partitions"
+
+
 def test_resent_and_duplicated_middle_chunks_are_written_once(
     running: ProxyProcess, local_env: EnvInfo
 ) -> None:
@@ -341,6 +360,8 @@ class Bad:
     records: Any
     words: str
     before: Any = None  # records accepted first
+    # A skip ahead is refused as not written (retriable): the chunk before may still come.
+    code: int = INVALID_RECORD
 
 
 BAD_CHUNKS = {
@@ -377,10 +398,12 @@ BAD_CHUNKS = {
         lambda: chunk_records("bad", 1, b"abcdefghi", 3)[2:],
         "skips ahead: the next chunk is 1",
         before=lambda: chunk_records("bad", 1, b"abcdefghi", 3)[:1],
+        code=NOT_ENOUGH_REPLICAS,
     ),
     "starts-past-chunk-0": Bad(
         lambda: chunk_records("bad", 1, b"abcdefghi", 3)[1:],
         "skips ahead: the message's chunk 0 was never accepted",
+        code=NOT_ENOUGH_REPLICAS,
     ),
     "whole-record-for-a-chunked-sequence": Bad(
         lambda: [(b"w", chunk_records("bad", 1, b"abcdef", 3)[0][1][:2])],
@@ -415,9 +438,26 @@ def test_bad_chunks_are_refused_precisely_and_nothing_is_written(
         topic,
         [whole("ok", 1, b"fine"), *bad.records()],
     )
-    assert answer.error_code == INVALID_RECORD, answer
+    assert answer.error_code == bad.code, answer
     assert bad.words in (answer.error_message or ""), answer.error_message
     assert len(read_all(local_env.bootstrap, topic)) == len(before), "nothing written"
+
+
+def test_a_chunk_that_arrived_before_its_predecessor_goes_in_on_retry(
+    running: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """As when the request holding chunk 0 was refused (its partition was recovering) and
+    the pipelined request holding chunk 1 was checked first: chunk 1 is not written but
+    retriable, and goes in once chunk 0 has."""
+    topic = new_topic(local_env.bootstrap)
+    records = chunk_records("early", 4, b"abcdefghi", 3)
+    refused = send_raw(running, topic, records[1:2])
+    assert refused.error_code == NOT_ENOUGH_REPLICAS, refused
+    for record in records:  # the client's retry: everything from chunk 0, in order
+        assert_ok(send_raw(running, topic, [record]))
+    assert chunk_ids(local_env.bootstrap, topic) == [("early", 4, i) for i in range(3)]
+    (message,) = assembled(local_env.bootstrap, topic)
+    assert message.value == b"abcdefghi"
 
 
 # ----------------------------------------------------------------------------- crashes
