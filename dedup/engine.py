@@ -65,6 +65,9 @@ from proxy.topology import Endpoint
 log = structlog.get_logger(__name__)
 
 SETTLE_WAIT_S = 30.0
+# How long a request waits, in line, for its partition's first recovery before it is told
+# NOT_LEADER_OR_FOLLOWER (retry). Waiting keeps the partition's requests in order.
+FIRST_USE_WAIT_S = 10.0
 RECOVERY_RETRY_S = (0.5, 30.0)  # first and longest pause before retrying a failed recovery
 RECOVERY_BATCH = 256  # partitions fenced together
 
@@ -338,11 +341,17 @@ class DedupEngine:
         item.answer = PartitionAnswer(ErrorCode.invalid_record, error_message=message)
 
     async def _pass_gate(self, item: _Work) -> None:
-        """Wait while the partition settles a failed write; answer now while it recovers."""
+        """Wait while the partition recovers or settles a failed write."""
         state = self._state_of_item(item)
         while True:
             if not state.recovered:
-                self._request_recovery((item.topic, item.partition), "first use")
+                key = (item.topic, item.partition)
+                self._request_recovery(key, "first use")
+                # Wait here, in line. Answering "retry" at once would let a pipelined later
+                # request of the same producer be checked after the recovery, ahead of this
+                # one: its higher sequences would make this one's records read as old.
+                if await self.wait_recovered([key], FIRST_USE_WAIT_S):
+                    continue
                 item.answer = _recovering()
                 return
             if state.open.is_set():
