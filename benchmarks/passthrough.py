@@ -604,7 +604,7 @@ class ProxyTarget:
     """One of the benchmark's proxies and what it relayed."""
 
     target: str
-    process: Any  # proxy.launcher.ProxyProcess
+    process: Any  # deploy.launcher.ProxyProcess
     key_prefix: str
     ports: tuple[int, int, int]
     relayed_payload_bytes: int = 0
@@ -797,7 +797,7 @@ def close_environment(environment: Environment) -> None:
 
 
 def make_proxies(settings: Settings, environment: Environment, run_id: str) -> list[ProxyTarget]:
-    from proxy.launcher import ProxyProcess
+    from deploy.launcher import ProxyProcess
 
     proxies = []
     for target in PROXY_TARGETS:

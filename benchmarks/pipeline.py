@@ -40,8 +40,8 @@ from confluent_kafka import Consumer, TopicPartition
 from dedup.client import DedupProducer
 from dedup.spark.job import JobConfig, Trigger, start_query
 from dedup.spark.runtime import start_session
+from deploy.launcher import ProxyProcess
 from deploy.local import LocalEnvironment
-from proxy.launcher import ProxyProcess
 from tests.integration.topics import new_topic
 
 MODES = ("direct", "proxy")

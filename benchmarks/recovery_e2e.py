@@ -32,8 +32,8 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
-from proxy.launcher import ProxyProcess
 from tests.integration.topics import new_topic
 
 TAILS = (1_000, 10_000, 100_000, 1_000_000)

@@ -59,8 +59,8 @@ from dedup.state import (
     persisted_position,
 )
 from dedup.writer import BatchToWrite, IdempotentWriter, WriteResult
-from proxy.schemas import response_type
-from proxy.topology import Endpoint
+from proxy.kafka.schemas import response_type
+from proxy.kafka.topology import Endpoint
 
 log = structlog.get_logger(__name__)
 

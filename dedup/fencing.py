@@ -44,8 +44,8 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import ProducerId, TopicName, TransactionalId
 from kio.static.primitive import i8, i16, i32, i32Timedelta
 
-from proxy.topology import Endpoint
-from proxy.upstream_client import UpstreamClient
+from proxy.kafka.topology import Endpoint
+from proxy.kafka.upstream_client import UpstreamClient
 
 log = structlog.get_logger(__name__)
 

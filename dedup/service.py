@@ -19,8 +19,8 @@ from dedup.snapshots import SnapshotError, SnapshotStore
 from dedup.snapshotter import SnapshotPolicy, Snapshotter
 from dedup.state import DedupState, clock_ms
 from dedup.writer import IdempotentWriter, LeaderLookup
-from proxy.config import ProxySettings
-from proxy.topology import Endpoint
+from proxy.kafka.topology import Endpoint
+from proxy.runtime.settings import ProxySettings
 
 log = structlog.get_logger(__name__)
 

@@ -36,8 +36,8 @@ from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from dedup.fencing import Fencer, ProducerIdentity
-from proxy.topology import Endpoint
-from proxy.upstream_client import LinkClosed, UpstreamClient
+from proxy.kafka.topology import Endpoint
+from proxy.kafka.upstream_client import LinkClosed, UpstreamClient
 
 log = structlog.get_logger(__name__)
 

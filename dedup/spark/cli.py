@@ -19,7 +19,7 @@ from dedup.spark.runtime import SparkResources
 from dedup.spark.verify import Scope, SinkReport
 from deploy.config import DEFAULT_KAFKA_PORT_BASE
 from deploy.paths import MissingRuntimeError
-from proxy.logs import configure_logging
+from proxy.runtime.logs import configure_logging
 
 spark_app = typer.Typer(
     help="Read a deduplicated topic with Spark's Kafka source into an exactly-once sink.",

@@ -23,9 +23,9 @@ import redis
 
 from deploy import paths
 from deploy.config import Ports
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
 from deploy.toxiproxy import ToxiproxyServer
-from proxy.launcher import ProxyProcess
 
 BROKERS: Final = 3
 KAFKA_BASE: Final = 22092  # brokers listen here (+ node id); controllers at +100

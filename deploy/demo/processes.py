@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.demo.loader import Checkpoint
-from proxy.launcher import set_parent_death_signal
+from deploy.launcher import set_parent_death_signal
 
 
 @dataclass

@@ -28,8 +28,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from deploy.demo.processes import Loader, LoaderSpec, SparkJob
 from deploy.demo.report import DemoReport, PathReport
 from deploy.demo.topics import count_topic, create_topic
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
-from proxy.launcher import ProxyProcess
 
 console = Console()
 

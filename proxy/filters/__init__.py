@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from proxy import metrics
 from proxy.filters.addresses import (
     FETCH_KEY,
     PRODUCE_KEY,
@@ -17,8 +16,9 @@ from proxy.filters.addresses import (
 )
 from proxy.filters.api_versions import ApiVersionsFilter
 from proxy.filters.base import FilterContext, ResponseFilter
-from proxy.schemas import api_name, decode_response_body, encode_body
-from proxy.wire import FrameError, response_body_start
+from proxy.kafka.schemas import api_name, decode_response_body, encode_body
+from proxy.kafka.wire import FrameError, response_body_start
+from proxy.runtime import metrics
 
 
 def default_response_filters() -> Mapping[int, ResponseFilter]:

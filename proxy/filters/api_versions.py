@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
 from proxy.filters.base import FilterContext
-from proxy.schemas import API_VERSIONS_KEY, DECODABLE_VERSIONS, VersionRange, encode_body
+from proxy.kafka.schemas import API_VERSIONS_KEY, DECODABLE_VERSIONS, VersionRange, encode_body
 
 _ERROR_CODE = struct.Struct(">h")
 

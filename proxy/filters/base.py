@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.topology import Topology
+from proxy.kafka.topology import Topology
 
 
 @dataclass(frozen=True, slots=True)

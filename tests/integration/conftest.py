@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from proxy.launcher import ProxyProcess
 from tests.integration.topics import new_topic
 
 # Ports of the test proxy: away from the defaults (so a proxy run by hand stays usable) and

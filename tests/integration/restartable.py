@@ -7,8 +7,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from proxy.launcher import ProxyProcess
 
 
 @dataclass(frozen=True)

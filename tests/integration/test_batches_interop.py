@@ -45,8 +45,8 @@ from dedup.batches import (
 )
 from deploy.config import Ports
 from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
-from proxy.topology import Endpoint
-from proxy.upstream_client import UpstreamClient
+from proxy.kafka.topology import Endpoint
+from proxy.kafka.upstream_client import UpstreamClient
 
 pytestmark = pytest.mark.integration
 

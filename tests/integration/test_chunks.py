@@ -48,8 +48,8 @@ from dedup.chunks import (
 )
 from dedup.client import DedupProducer
 from dedup.state import DedupState, PartitionCheck, Persisted, ProducerState, Status
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from proxy.launcher import ProxyProcess
 from tests.integration.raw_requests import produce_request, record_batch
 from tests.integration.restartable import ProxyPorts, RestartableProxy
 from tests.integration.test_dedup import admin_call, produce_raw, read_all

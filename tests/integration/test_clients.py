@@ -19,8 +19,8 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 from kafka.admin import NewTopic as KafkaPythonNewTopic
 
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, java_tool_command
-from proxy.launcher import ProxyProcess
 from tests.integration.conftest import TEST_BROKER_PORT_BASE
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ from confluent_kafka.admin import AdminClient
 
 from deploy import paths
 from deploy.config import Ports
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
-from proxy.launcher import ProxyProcess
 from tests.integration.load import BackgroundProducer, SequencedProducer
 from tests.integration.test_clients import consume_confluent
 from tests.integration.test_dedup import assert_exactly_once_in_order, values

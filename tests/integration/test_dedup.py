@@ -34,10 +34,10 @@ from confluent_kafka.admin import (
 
 from dedup.client import DedupProducer
 from dedup.state import DedupState, PartitionCheck
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, java_tool_command
-from proxy.launcher import ProxyProcess
-from proxy.schemas import decode_response_body
-from proxy.upstream_client import encode_request
+from proxy.kafka.schemas import decode_response_body
+from proxy.kafka.upstream_client import encode_request
 from tests.integration.raw_requests import (
     explicit_batch,
     identity_batch,

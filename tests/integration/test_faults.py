@@ -13,9 +13,9 @@ import pytest
 from kio.schema.types import TopicName
 from kio.static.primitive import i32, i32Timedelta, i64
 
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
-from proxy.launcher import ProxyProcess
-from proxy.upstream_client import encode_request
+from proxy.kafka.upstream_client import encode_request
 from tests.integration.load import BackgroundProducer
 from tests.integration.test_clients import consume_confluent
 from tests.integration.test_protocol import correlation_id, read_response

@@ -20,10 +20,10 @@ from confluent_kafka import Consumer, Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from proxy.launcher import ProxyProcess
-from proxy.schemas import DECODABLE_VERSIONS, response_header_is_flexible
-from proxy.upstream_client import encode_request
+from proxy.kafka.schemas import DECODABLE_VERSIONS, response_header_is_flexible
+from proxy.kafka.upstream_client import encode_request
 from tests.integration.conftest import TEST_MAX_FRAME_BYTES
 from tests.integration.raw_requests import produce_request, record_batch
 

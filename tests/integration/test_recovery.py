@@ -20,8 +20,8 @@ from confluent_kafka.admin import AdminClient
 
 from dedup.client import DedupProducer
 from dedup.snapshots import SnapshotStore, slot_key, snapshot_partition
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
-from proxy.launcher import ProxyProcess
 from tests.integration.load import SequencedProducer
 from tests.integration.restartable import ProxyPorts, RestartableProxy
 from tests.integration.test_dedup import assert_exactly_once_in_order, values
@@ -315,8 +315,8 @@ async def _describe_writer(bootstrap: str, topic: str) -> tuple[int, int, int]:
     from kio.schema.types import TopicName
     from kio.static.primitive import i32
 
-    from proxy.topology import Endpoint
-    from proxy.upstream_client import UpstreamClient
+    from proxy.kafka.topology import Endpoint
+    from proxy.kafka.upstream_client import UpstreamClient
 
     request = describe.DescribeProducersRequest(
         topics=(describe.TopicRequest(name=TopicName(topic), partition_indexes=(i32(0),)),)
@@ -338,8 +338,8 @@ async def _zombie_write(bootstrap: str, topic: str, writer: tuple[int, int, int]
     from kio.static.primitive import Records, i16, i32, i32Timedelta
 
     from dedup.batches import IncomingRecord, build_batch
-    from proxy.topology import Endpoint
-    from proxy.upstream_client import UpstreamClient
+    from proxy.kafka.topology import Endpoint
+    from proxy.kafka.upstream_client import UpstreamClient
 
     producer_id, epoch, last_sequence = writer
     record = IncomingRecord(0, int(time.time() * 1000), None, b"zombie", (), None)

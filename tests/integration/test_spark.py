@@ -22,8 +22,8 @@ from dedup.spark.job import JobConfig, SecondLine, run_query, start_query
 from dedup.spark.runtime import start_session
 from dedup.spark.verify import SinkReport, summarize_sink
 from deploy.demo.processes import SparkJob
+from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from proxy.launcher import ProxyProcess
 from tests.integration.topics import new_topic
 
 pytestmark = pytest.mark.integration

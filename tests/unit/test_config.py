@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, load_settings
+from proxy.runtime.settings import ConfigError, load_settings
 
 pytestmark = pytest.mark.unit
 

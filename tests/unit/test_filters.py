@@ -24,8 +24,8 @@ from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from proxy.filters import FilterContext, apply_response_filter, default_response_filters
-from proxy.schemas import DECODABLE_VERSIONS, decode_response_body, encode_body
-from proxy.topology import Endpoint, Topology
+from proxy.kafka.schemas import DECODABLE_VERSIONS, decode_response_body, encode_body
+from proxy.kafka.topology import Endpoint, Topology
 
 pytestmark = pytest.mark.unit
 

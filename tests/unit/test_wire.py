@@ -16,8 +16,8 @@ from kio.index import load_request_schema
 from kio.serial import entity_writer
 from kio.static.primitive import i16, i32, i32Timedelta
 
-from proxy.schemas import DECODABLE_VERSIONS, request_header_is_flexible
-from proxy.wire import (
+from proxy.kafka.schemas import DECODABLE_VERSIONS, request_header_is_flexible
+from proxy.kafka.wire import (
     FrameError,
     UnsupportedRequest,
     frame,

@@ -19,8 +19,8 @@ from kio.schema.errors import ErrorCode
 
 from dedup.fencing import ProducerIdentity
 from dedup.writer import SEQUENCE_WRAP, BatchToWrite, IdempotentWriter
-from proxy.topology import Endpoint
-from proxy.upstream_client import LinkClosed
+from proxy.kafka.topology import Endpoint
+from proxy.kafka.upstream_client import LinkClosed
 
 pytestmark = pytest.mark.unit
 

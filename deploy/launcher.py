@@ -62,7 +62,7 @@ class ProxyProcess:
         return [
             sys.executable,
             "-m",
-            "proxy",
+            "dedup",
             "serve",
             "--upstream",
             self.upstream,

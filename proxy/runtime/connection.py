@@ -19,12 +19,11 @@ from typing import Protocol
 
 import structlog
 
-from proxy import metrics
 from proxy.filters import FilterContext, ResponseFilter, apply_response_filter
 from proxy.filters.api_versions import unsupported_api_versions_body
-from proxy.schemas import API_VERSIONS_KEY, DECODABLE_VERSIONS
-from proxy.topology import Endpoint
-from proxy.wire import (
+from proxy.kafka.schemas import API_VERSIONS_KEY, DECODABLE_VERSIONS
+from proxy.kafka.topology import Endpoint
+from proxy.kafka.wire import (
     PRODUCE_KEY,
     FrameError,
     RequestHeader,
@@ -33,6 +32,7 @@ from proxy.wire import (
     produce_acks,
     read_frame,
 )
+from proxy.runtime import metrics
 
 log = structlog.get_logger(__name__)
 

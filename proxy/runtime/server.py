@@ -17,14 +17,14 @@ import structlog
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.types import TopicName
 
+from dedup.produce_filter import DedupProduceHandler
 from dedup.service import DedupService
-from proxy import metrics
-from proxy.config import ProxySettings
-from proxy.connection import ClientConnection, ConnectionSettings, UpstreamResolver
 from proxy.filters import FilterContext, default_response_filters
-from proxy.filters.produce import DedupProduceHandler
-from proxy.topology import Endpoint, Topology
-from proxy.upstream_client import UpstreamClient, fetch_brokers
+from proxy.kafka.topology import Endpoint, Topology
+from proxy.kafka.upstream_client import UpstreamClient, fetch_brokers
+from proxy.runtime import metrics
+from proxy.runtime.connection import ClientConnection, ConnectionSettings, UpstreamResolver
+from proxy.runtime.settings import ProxySettings
 
 log = structlog.get_logger(__name__)
 

@@ -9,7 +9,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dedup.admin_api import add_dedup_routes
-from proxy.server import ProxyServer
+from proxy.runtime.server import ProxyServer
 
 # The upstream view is stale after this many missed refreshes: report unhealthy.
 _STALE_REFRESHES = 3

@@ -13,9 +13,9 @@ from typing import Any
 import structlog
 
 from dedup.engine import Admission, DedupEngine, produce_response
-from proxy.schemas import decode_request_body, encode_body, response_header_is_flexible
-from proxy.topology import Endpoint
-from proxy.wire import FrameError, RequestHeader
+from proxy.kafka.schemas import decode_request_body, encode_body, response_header_is_flexible
+from proxy.kafka.topology import Endpoint
+from proxy.kafka.wire import FrameError, RequestHeader
 
 log = structlog.get_logger(__name__)
 

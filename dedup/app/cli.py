@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from dedup.cli import policy_app, producers, recover, snapshot, snapshots
+from dedup.app.admin_commands import policy_app, producers, recover, snapshot, snapshots
 from dedup.spark.cli import spark_app
 from deploy.chaos.cli import chaos_app
 from deploy.cli import local_app
-from proxy.config import ConfigError, load_settings
-from proxy.logs import configure_logging
+from proxy.runtime.logs import configure_logging
+from proxy.runtime.settings import ConfigError, load_settings
 
 app = typer.Typer(
     help="A Kafka-protocol proxy with Pulsar-style guaranteed deduplication.",
@@ -55,7 +55,7 @@ def serve(
     log_format: Annotated[str | None, typer.Option(help="json or console")] = None,
 ) -> None:
     """Run the proxy in front of a Kafka cluster until SIGINT or SIGTERM."""
-    from proxy.runtime import install_event_loop, run_proxy
+    from proxy.runtime.lifecycle import install_event_loop, run_proxy
 
     try:
         settings = load_settings(

@@ -19,9 +19,9 @@ from kio.schema.metadata.v12.response import MetadataResponse
 from kio.serial import entity_writer
 from kio.static.primitive import i32
 
-from proxy.schemas import decode_response_body, encode_body, response_header_is_flexible
-from proxy.topology import Endpoint
-from proxy.wire import FrameError, correlation_id_of, read_frame, response_body_start
+from proxy.kafka.schemas import decode_response_body, encode_body, response_header_is_flexible
+from proxy.kafka.topology import Endpoint
+from proxy.kafka.wire import FrameError, correlation_id_of, read_frame, response_body_start
 
 CLIENT_ID = "dedup-proxy"
 _MAX_RESPONSE_BYTES = 1 << 30

@@ -19,7 +19,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from proxy.topology import Endpoint
+from proxy.kafka.topology import Endpoint
 
 DEFAULT_LISTEN = "127.0.0.1:29092"
 DEFAULT_ADMIN = "127.0.0.1:29080"

@@ -20,7 +20,7 @@ from kio.serial.readers import (
     read_unsigned_varint,
 )
 
-from proxy.schemas import (
+from proxy.kafka.schemas import (
     API_VERSIONS_KEY,
     DECODABLE_VERSIONS,
     api_name,

@@ -7,9 +7,9 @@ import signal
 
 import structlog
 
-from proxy.admin import start_admin
-from proxy.config import ProxySettings
-from proxy.server import ProxyServer
+from proxy.runtime.admin import start_admin
+from proxy.runtime.server import ProxyServer
+from proxy.runtime.settings import ProxySettings
 
 log = structlog.get_logger(__name__)
 

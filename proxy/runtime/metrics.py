@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from proxy.schemas import api_name
+from proxy.kafka.schemas import api_name
 
 REQUESTS = Counter("dedup_proxy_requests_total", "Requests received from clients, by API", ["api"])
 BYTES = Counter(

@@ -1,0 +1,3 @@
+from dedup.app.cli import main
+
+main()
