@@ -40,6 +40,8 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any
 
+from dedup.identity import DEFAULT_PRODUCER_HEADER, DEFAULT_SEQUENCE_HEADER
+
 MB = 1_000_000  # throughput is reported in decimal megabytes of record payload per second
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -67,8 +69,8 @@ DEFAULT_PORTS = {
 }
 
 # The identity headers every record carries (the proxy's defaults).
-PRODUCER_HEADER = "dedup.producer"
-SEQUENCE_HEADER = "dedup.sequence"
+PRODUCER_HEADER = DEFAULT_PRODUCER_HEADER
+SEQUENCE_HEADER = DEFAULT_SEQUENCE_HEADER
 
 RECORD_SIZES = (1000, 100)
 PRODUCER_COUNTS = (1, 4)
@@ -473,6 +475,7 @@ class Topics:
         quiet.propagate = False
         quiet.addHandler(logging.NullHandler())
         self.admin = AdminClient({"bootstrap.servers": bootstrap}, logger=quiet)
+        self.bootstrap = bootstrap
         self.prefix = prefix
         self.created: list[str] = []
         cluster = self.admin.list_topics(timeout=15)
@@ -480,27 +483,16 @@ class Topics:
         self.brokers = len(cluster.brokers)
 
     def create(self, slug: str, partitions: int) -> str:
-        from confluent_kafka.admin import NewTopic
+        from deploy.topics import create_topic
 
         topic = f"{self.prefix}-{slug}"
-        futures = self.admin.create_topics(
-            [NewTopic(topic, num_partitions=partitions, replication_factor=self.replication)],
-            operation_timeout=30,
-        )
-        futures[topic].result(60)
         self.created.append(topic)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # until every partition has a leader
-            meta = self.admin.list_topics(topic, timeout=10).topics.get(topic)
-            if (
-                meta is not None
-                and meta.error is None
-                and len(meta.partitions) == partitions
-                and all(p.leader >= 0 for p in meta.partitions.values())
-            ):
-                return topic
-            time.sleep(0.1)
-        raise BenchmarkError(f"topic {topic} has no leaders after 30 s")
+        try:
+            return create_topic(
+                self.bootstrap, topic, partitions=partitions, replication_factor=self.replication
+            )
+        except TimeoutError as exc:
+            raise BenchmarkError(str(exc)) from exc
 
     def end_offsets(self, topic: str, partitions: int) -> int:
         from confluent_kafka import KafkaException, TopicPartition

@@ -42,7 +42,7 @@ from dedup.spark.job import JobConfig, Trigger, start_query
 from dedup.spark.runtime import start_session
 from deploy.launcher import ProxyProcess
 from deploy.local import LocalEnvironment
-from tests.integration.topics import new_topic
+from deploy.topics import create_topic
 
 MODES = ("direct", "proxy")
 PROXY_PORTS = (26992, 26980, 26993)  # listen, admin, broker base: away from the tests
@@ -92,7 +92,7 @@ def run_round(
     from pyspark.sql import functions as F
 
     mode, phase, index, records = plan.mode, plan.phase, plan.index, plan.records
-    topic = new_topic(kafka, partitions=3)
+    topic = create_topic(kafka, partitions=3)
     directory = work / f"{mode}-{phase}-{index}"
     config = JobConfig(
         bootstrap=kafka,

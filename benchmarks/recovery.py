@@ -164,26 +164,16 @@ def admin_client(bootstrap: str) -> Any:
 def create_topic(context: Context, slug: str) -> str:
     """A fresh single-partition topic (replication factor 1), deleted by `delete_topics`,
     returned once its leader answers ListOffsets."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-    from confluent_kafka.admin import NewTopic
+    from deploy.topics import create_topic as create
 
     topic = f"bench-recovery-{context.run_id}-{slug}"
-    admin = admin_client(context.bootstrap)
-    admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=30)[topic].result(60)
-    context.topics.append(topic)
-    probe = Consumer({"bootstrap.servers": context.bootstrap, "group.id": "bench-recovery"})
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)
-                return topic
-            except KafkaException:
-                if time.monotonic() > deadline:
-                    raise BenchmarkError(f"topic {topic} has no leader after 30 s") from None
-                time.sleep(0.1)
+        create(context.bootstrap, topic, partitions=1, replication_factor=1)
+    except TimeoutError as exc:
+        raise BenchmarkError(str(exc)) from exc
     finally:
-        probe.close()
+        context.topics.append(topic)
+    return topic
 
 
 def delete_topics(context: Context) -> None:

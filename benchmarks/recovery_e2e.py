@@ -32,9 +32,10 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from dedup.identity import DEFAULT_PRODUCER_HEADER, DEFAULT_SEQUENCE_HEADER
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
-from tests.integration.topics import new_topic
+from deploy.topics import create_topic
 
 TAILS = (1_000, 10_000, 100_000, 1_000_000)
 QUICK_TAILS = (1_000, 10_000, 100_000)
@@ -108,8 +109,8 @@ def _produce(producer: Producer, topic: str, count: int, run: str) -> None:
     value = b"x" * 100
     for i in range(count):
         headers = [
-            ("dedup.producer", f"{run}-{i % PRODUCERS}".encode()),
-            ("dedup.sequence", str(i // PRODUCERS).encode()),
+            (DEFAULT_PRODUCER_HEADER, f"{run}-{i % PRODUCERS}".encode()),
+            (DEFAULT_SEQUENCE_HEADER, str(i // PRODUCERS).encode()),
         ]
         while True:
             try:
@@ -136,7 +137,7 @@ def measure_recovery(
     admin = AdminClient({"bootstrap.servers": info.bootstrap})
     for tail in tails:
         for round_ in range(rounds):
-            topic = new_topic(info.bootstrap)
+            topic = create_topic(info.bootstrap)
             _produce(direct, topic, tail, f"r{round_}")
             started = time.perf_counter()
             _admin(proxy, "POST", f"/v1/topics/{topic}/partitions/0/recover?wait_s=900")
@@ -162,7 +163,7 @@ def measure_snapshot_cost(
     admin = AdminClient({"bootstrap.servers": info.bootstrap})  # kept: its futures need it
     for round_ in range(rounds):
         for name, proxy in proxies.items():  # interleaved: a noisy moment hits both
-            topic = new_topic(info.bootstrap)
+            topic = create_topic(info.bootstrap)
             producer = _producer(proxy.bootstrap)
             _produce(producer, topic, 2_000, f"warm-{round_}")  # recovery and first snapshot
             before = _snapshots_taken(proxy)

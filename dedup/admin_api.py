@@ -225,7 +225,7 @@ def _topic(request: web.Request) -> str:
 
 def _partition(request: web.Request) -> int:
     raw = request.match_info["partition"]
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # str.isdigit alone takes "²"
         raise web.HTTPBadRequest(text=f"partition must be a non-negative integer, got {raw!r}")
     return int(raw)
 

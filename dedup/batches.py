@@ -4,13 +4,13 @@ the batch the proxy forwards from the records it keeps.
 The record-batch format (magic 2), CRC32C and the codecs are kafka-python's
 (`DefaultRecordBatch`, `DefaultRecordBatchBuilder`, `kafka.codec`); this module adds the
 checks a broker makes on a produce request, with the broker's error codes, and the identity
-rules of DESIGN.md ("Identity of a record"):
+rules (names and sequence text: `dedup.identity`; docs/design.md, "1. Identity"):
 
 - Explicit identity: headers `dedup.producer` (UTF-8, non-empty) and `dedup.sequence`
   (signed 64-bit integer, ASCII decimal as Java's `Long.parseLong` reads it: an optional
-  sign, then digits). Both or neither; if a name occurs more than once the last occurrence
-  counts (Java's `Headers.lastHeader`), so the proxy and a consumer agree on what a record
-  says.
+  sign, then digits, at most 64 bytes; `dedup.identity.parse_sequence`). Both or neither;
+  if a name occurs more than once the last occurrence counts (Java's `Headers.lastHeader`),
+  so the proxy and a consumer agree on what a record says.
 - Implicit identity: a record without identity headers in a batch with producer id >= 0
   that is neither transactional nor control is producer `kafka-pid-<id>-<epoch>` with
   sequence `(baseSequence + offsetDelta) mod 2**31`. That is the sequence Kafka itself
@@ -45,7 +45,6 @@ occur, and identity comes from headers only (see `read_batches`).
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,9 +56,15 @@ from kafka.record.util import calc_crc32c
 from kio.schema.errors import ErrorCode
 
 from dedup.chunks import ChunkError, ChunkMeta, parse_chunk_headers
+from dedup.identity import (
+    DEFAULT_PRODUCER_HEADER,
+    DEFAULT_SEQUENCE_HEADER,
+    parse_sequence,
+    sequence_fault,
+)
 
-HEADER_PRODUCER: Final = "dedup.producer"
-HEADER_SEQUENCE: Final = "dedup.sequence"
+HEADER_PRODUCER: Final = DEFAULT_PRODUCER_HEADER
+HEADER_SEQUENCE: Final = DEFAULT_SEQUENCE_HEADER
 
 IMPLICIT_PRODUCER_PREFIX: Final = "kafka-pid-"
 IMPLICIT_SEQUENCE_MODULUS: Final = 1 << 31
@@ -86,10 +91,6 @@ _TIMESTAMP_TYPE_MASK: Final = 0x08
 _TRANSACTIONAL_MASK: Final = 0x10
 _CONTROL_MASK: Final = 0x20
 
-_INT64_MIN: Final = -(1 << 63)
-_INT64_MAX: Final = (1 << 63) - 1
-_SEQUENCE_TEXT = re.compile(rb"[+-]?[0-9]+")
-_MAX_SEQUENCE_TEXT: Final = 64  # digits beyond this cannot be an int64 even with leading zeros
 _SHOW_BYTES: Final = 40
 
 
@@ -105,7 +106,7 @@ class BadBatch(Exception):
 
 @dataclass(frozen=True, slots=True)
 class IdentityHeaders:
-    """The names of the two identity headers (configurable; defaults from DESIGN.md)."""
+    """The names of the two identity headers (configurable; defaults: `dedup.identity`)."""
 
     producer: str = HEADER_PRODUCER
     sequence: str = HEADER_SEQUENCE
@@ -442,17 +443,13 @@ def _parse_producer(raw: bytes | None, where: str, name: str) -> str:
 def _parse_sequence(raw: bytes | None, where: str, name: str) -> int:
     if raw is None:
         raise BadBatch(ErrorCode.invalid_record, f"{where} has a null {name}")
-    if len(raw) > _MAX_SEQUENCE_TEXT or not _SEQUENCE_TEXT.fullmatch(raw):
-        raise BadBatch(
-            ErrorCode.invalid_record,
-            f"{where} has a {name} that is not a decimal integer: {_show(raw)}",
-        )
-    sequence = int(raw)
-    if not _INT64_MIN <= sequence <= _INT64_MAX:
-        raise BadBatch(
-            ErrorCode.invalid_record,
-            f"{where} has a {name} outside the signed 64-bit range: {_show(raw)}",
-        )
+    sequence = parse_sequence(raw)
+    if sequence is None:
+        # Asked only on refusal, so an accepted sequence is parsed once.
+        fault = sequence_fault(raw)
+        assert fault is not None
+        message = f"{where} has a {name} {fault.value}: {_show(raw)}"
+        raise BadBatch(ErrorCode.invalid_record, message)
     return sequence
 
 

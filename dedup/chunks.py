@@ -34,6 +34,8 @@ from typing import Any, Final
 
 import structlog
 
+from dedup.identity import INT64_DIGITS
+
 log = structlog.get_logger(__name__)
 
 HEADER_UUID: Final = "dedup.uuid"
@@ -47,7 +49,7 @@ MAX_CHUNK_COUNT: Final = (1 << 31) - 1
 MAX_TOTAL_SIZE: Final = (1 << 53) - 1  # exact in the Lua numbers of the check
 LAST: Final = 1 << 31  # the chunk position of a whole record: after every chunk
 
-_MAX_DIGITS: Final = 19
+_MAX_DIGITS: Final = INT64_DIGITS  # every bound below fits an int64; caps int()'s work
 
 
 class ChunkError(ValueError):
@@ -69,6 +71,7 @@ class ChunkMeta:
 
 
 def _decimal(raw: bytes | None, name: str, low: int, high: int) -> int:
+    # Not `dedup.identity.parse_sequence`: these counts take no sign, and a shorter cap.
     if raw is None:
         raise ChunkError(f"has a null {name}")
     if not raw.isdigit() or len(raw) > _MAX_DIGITS or not raw.isascii():

@@ -38,8 +38,8 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from dedup.batches import HEADER_PRODUCER, HEADER_SEQUENCE
 from dedup.chunks import ChunkMeta, chunk_headers, split_payload
+from dedup.identity import DEFAULT_PRODUCER_HEADER, DEFAULT_SEQUENCE_HEADER
 
 DeliveryCallback = Callable[[Any, Any], None]
 
@@ -113,8 +113,8 @@ class DedupProducer:
             sequence_id = self._next_sequence(topic)
         self._next[topic] = sequence_id + 1
         identity: list[tuple[str, str | bytes | None]] = [
-            (HEADER_PRODUCER, self.producer_name.encode()),
-            (HEADER_SEQUENCE, str(sequence_id).encode()),
+            (DEFAULT_PRODUCER_HEADER, self.producer_name.encode()),
+            (DEFAULT_SEQUENCE_HEADER, str(sequence_id).encode()),
         ]
         if data is None or len(data) <= self.chunk_size:
             self._produce(topic, data, key, [*(headers or []), *identity], partition, on_delivery)

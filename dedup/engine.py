@@ -3,37 +3,48 @@
 For one client Produce request:
 
 1. A transactional request, or one whose topics all have dedup disabled, is not touched:
-   the caller forwards it to Kafka as it is.
+   the caller forwards it to Kafka as it is. Every other request takes its place in line on
+   each of its partitions as it arrives; on a partition, requests are checked and written in
+   that order, so a later one never reaches the log ahead of an earlier one.
 2. Each partition's batches are read (`dedup.batches`): identity per record, bad input
-   refused for that partition only.
+   refused for that partition only. A partition named twice in one request keeps only its
+   last data, as Kafka's broker does.
 3. One Redis round trip checks every partition (`dedup.state`): per record NOT_DUP
    (forward), DUP (drop), UNKNOWN (refuse the partition batch, nothing written, retriable).
 4. The kept records are rebuilt as one batch per partition and written by the proxy's own
    idempotent producer (`dedup.writer`): written exactly once, or definitely not.
 5. Written: ``persisted`` rises. Not written: once the partition's writes in flight have
    settled, ``pushed`` is reset to ``persisted`` so the client's retry is accepted again;
-   requests for that partition wait meanwhile, so none overtakes the retry.
+   requests for that partition wait meanwhile. A request not written for a reason the
+   client retries also refuses (retriable, nothing written) every request admitted on that
+   partition before its answer went out: the client sent those without knowing, and
+   written they would overtake its retry, whose records would then read as old duplicates.
 6. The client gets one answer per partition; where any record was dropped the base offset
-   is -1, never a wrong one.
+   is -1, never a wrong one. An unexpected failure is answered too: retriable, and the
+   partition is left accepting the retry (reset, or recovered when a write's fate is lost).
 
 Before a partition's first check in this process, and whenever its state cannot be
 trusted (Redis lost it, a write stayed ambiguous, an operator asked), the partition is
-recovered from the log (`dedup.recovery`): fence, snapshot, replay. Meanwhile its requests
-get NOT_LEADER_OR_FOLLOWER, which every client retries after refreshing metadata.
+recovered from the log (`dedup.recovery`, queued by `dedup.recovery_scheduler`): fence,
+snapshot, replay. A request for a partition being recovered waits for it in its place in
+line, up to FIRST_USE_WAIT_S; if the recovery has not finished by then the request is
+answered NOT_LEADER_OR_FOLLOWER (nothing written), which every client retries after
+refreshing metadata.
+
+Everything the engine talks to is a small Protocol (`dedup.ports`) given by the composition
+root (`dedup.service`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i32, i64
 from redis.exceptions import RedisError
 
 from dedup import metrics
@@ -46,32 +57,21 @@ from dedup.batches import (
     read_batches,
 )
 from dedup.chunks import ChunkMeta, ChunkProgress
-from dedup.partitions import AckCursor, PartitionState, _Ticket
+from dedup.partitions import Key, PartitionState, _Ticket
 from dedup.persisted import PersistedRecorder
-from dedup.policies import Mode, PolicySnapshot, PolicyStore
-from dedup.recovery import Recovery
-from dedup.state import (
-    DedupState,
-    PartitionCheck,
-    Persisted,
-    Status,
-    clock_ms,
-    persisted_position,
-)
-from dedup.writer import BatchToWrite, IdempotentWriter, WriteResult
-from proxy.kafka.schemas import response_type
+from dedup.policies import Mode, PolicySnapshot
+from dedup.ports import Clock, Policies, StateStore, Writer
+from dedup.recovery_scheduler import RecoveryScheduler
+from dedup.state import PartitionCheck, Persisted, Status, persisted_position
+from dedup.writer import BatchToWrite, WriteResult
 from proxy.kafka.topology import Endpoint
 
 log = structlog.get_logger(__name__)
 
-SETTLE_WAIT_S = 30.0
-# How long a request waits, in line, for its partition's first recovery before it is told
+SETTLE_WAIT_S = 30.0  # how long a request waits for the reset after a failed write
+# How long a request waits, in line, for its partition's recovery before it is told
 # NOT_LEADER_OR_FOLLOWER (retry). Waiting keeps the partition's requests in order.
 FIRST_USE_WAIT_S = 10.0
-RECOVERY_RETRY_S = (0.5, 30.0)  # first and longest pause before retrying a failed recovery
-RECOVERY_BATCH = 256  # partitions fenced together
-
-_Key = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +91,7 @@ class Admission:
     snapshot: PolicySnapshot
     predecessors: list[asyncio.Future[None]] = field(default_factory=list)
     turns: list[asyncio.Future[None]] = field(default_factory=list)
+    numbers: dict[Key, int] = field(default_factory=dict)  # its number in each partition's line
 
     def done(self) -> None:
         for turn in self.turns:
@@ -105,6 +106,7 @@ class _Work:
     topic: str
     partition: int
     mode: Mode
+    number: int = 0  # in the partition's line
     batches: list[IncomingBatch] = field(default_factory=list)
     keep: list[list[bool]] = field(default_factory=list)  # per batch, per record
     answer: PartitionAnswer | None = None
@@ -114,6 +116,12 @@ class _Work:
     kept: int = 0  # records left to write after the check
     ticket: _Ticket | None = None  # its place in the partition's AckCursor, once submitted
     sizes: tuple[int | None, ...] = ()  # per identity: its chunked message's bytes so far
+    behind: bool = False  # refused because one ahead of it in line was not written
+    in_turn: bool = False  # every request ahead of it in line is written or refused
+
+    @property
+    def key(self) -> Key:
+        return self.topic, self.partition
 
     @property
     def identified(self) -> list[IncomingRecord]:
@@ -134,46 +142,64 @@ class _Work:
 class DedupEngine:
     def __init__(
         self,
-        state: DedupState,
-        policies: PolicyStore,
-        writer: IdempotentWriter,
+        state: StateStore,
+        policies: Policies,
+        writer: Writer,
         headers: IdentityHeaders,
-        recovery: Recovery,
+        recoveries: RecoveryScheduler,
+        clock: Clock,
+        *,
+        first_use_wait_s: float = FIRST_USE_WAIT_S,
+        settle_wait_s: float = SETTLE_WAIT_S,
     ) -> None:
         self._state = state
         self._policies = policies
         self._writer = writer
         self._headers = headers
-        self._recovery = recovery
-        self._partitions: dict[_Key, PartitionState] = {}
+        self._recoveries = recoveries
+        self._clock = clock
+        self._first_use_wait_s = first_use_wait_s
+        self._settle_wait_s = settle_wait_s
+        self._partitions = recoveries.partitions
         self._background: set[asyncio.Task[None]] = set()
-        self._persisted = PersistedRecorder(state, on_lost=self._state_lost)
-        self._recovery_queue: dict[_Key, str] = {}  # partition -> why
-        self._recovery_wakeup = asyncio.Event()
-        self._recovery_task: asyncio.Task[None] | None = None
-        self._recovered = asyncio.Condition()
+        self._persisted = PersistedRecorder(state, on_lost=recoveries.state_lost, clock=clock)
 
     async def flush_persisted(self) -> None:
         """Wait until every acknowledged sequence is recorded in Redis."""
         await self._persisted.flush()
 
-    def partitions(self) -> list[_Key]:
+    def partitions(self) -> list[Key]:
         """The partitions this engine has written to (or recovered) since it started."""
         return sorted(self._partitions)
 
-    def partition_states(self) -> dict[_Key, PartitionState]:
+    def partition_states(self) -> dict[Key, PartitionState]:
         """Each partition's in-memory state (for the snapshotter and the admin API)."""
         return self._partitions
 
     async def close(self) -> None:
-        if self._recovery_task is not None:
-            self._recovery_task.cancel()
+        """Stop the resets under way (the next start recovers those partitions anyway)."""
+        for task in list(self._background):
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._recovery_task
+                await task
+
+    def request_recovery(self, partitions: list[Key], reason: str) -> None:
+        """Recover these partitions (again): start-up, operator request."""
+        self._recoveries.request_all(partitions, reason)
+
+    async def ensure_recovered(self, partitions: list[Key], timeout_s: float) -> bool:
+        """Recover those not recovered yet, and wait (`RecoveryScheduler.ensure_recovered`)."""
+        return await self._recoveries.ensure_recovered(partitions, timeout_s)
+
+    async def wait_recovered(self, partitions: list[Key], timeout_s: float) -> bool:
+        """Whether every one of these partitions is recovered within the timeout."""
+        return await self._recoveries.wait_recovered(partitions, timeout_s)
 
     async def dedup_anywhere(self) -> bool:
         """False when every topic has dedup disabled: Produce passes through undecoded."""
         return (await self._policies.snapshot()).dedup_anywhere
+
+    # ------------------------------------------------------------- 1. admit
 
     async def admit(self, request: Any) -> Admission | None:
         """Called as each Produce request arrives, in arrival order: None to forward it as
@@ -188,50 +214,55 @@ class DedupEngine:
         # Nothing below awaits: the places in line follow the order of arrival.
         loop = asyncio.get_running_loop()
         admission = Admission(snapshot)
-        for topic in request.topic_data:
-            for part in topic.partition_data:
-                gate = self._state_of((str(topic.name), int(part.index)))
-                if gate.last_in_line is not None and not gate.last_in_line.done():
-                    admission.predecessors.append(gate.last_in_line)
-                turn_done: asyncio.Future[None] = loop.create_future()
-                gate.last_in_line = turn_done
-                admission.turns.append(turn_done)
+        for key in _partition_data(request):  # one place per partition, however often named
+            gate = self._partitions.of(key)
+            if gate.last_in_line is not None and not gate.last_in_line.done():
+                admission.predecessors.append(gate.last_in_line)
+            turn_done: asyncio.Future[None] = loop.create_future()
+            gate.last_in_line = turn_done
+            admission.turns.append(turn_done)
+            gate.admitted += 1
+            admission.numbers[key] = gate.admitted
         return admission
 
     async def produce(
         self, request: Any, admission: Admission, broker: Endpoint
     ) -> dict[tuple[str, int], PartitionAnswer]:
         """Run one admitted Produce request through dedup; an answer per partition."""
-        work = [
-            _Work(str(topic.name), int(part.index), admission.snapshot.mode_for(str(topic.name)))
-            for topic in request.topic_data
-            for part in topic.partition_data
-        ]
-        records = [part.records for topic in request.topic_data for part in topic.partition_data]
+        parts = _partition_data(request)
+        if len(parts) < sum(len(topic.partition_data) for topic in request.topic_data):
+            log.warning("a Produce request names a partition twice: its last data counts")
+        modes = admission.snapshot.mode_for
+        work = [_Work(*key, modes(key[0]), admission.numbers[key]) for key in parts]
         timeout_ms = int(request.timeout.total_seconds() * 1000)
-        submitted = None
         try:
-            for item, data in zip(work, records, strict=True):
-                self._read(item, data)
-            # Check and sequence assignment happen in arrival order per partition: a request
-            # checked later must never reach the log ahead of one that arrived earlier, or
-            # the earlier one's records would read as old duplicates of the later ones.
-            for predecessor in admission.predecessors:
-                await predecessor
             try:
-                await self._check(work)
-                writes, submitted = await self._submit(work, broker, timeout_ms)
-            finally:
-                admission.done()
-            if submitted is not None:
-                await self._finish_writes(writes, await submitted)
+                for item in work:
+                    self._read(item, parts[item.key])
+                # Check and sequence assignment happen in arrival order per partition: a
+                # request checked later must never reach the log ahead of one that arrived
+                # earlier, or the earlier one's records would read as old duplicates.
+                for predecessor in admission.predecessors:
+                    await predecessor
+                for item in work:
+                    item.in_turn = True
+                try:
+                    await self._check(work)
+                    writes, submitted = await self._submit(work, broker, timeout_ms)
+                finally:
+                    admission.done()
+                if submitted is not None:
+                    self._finish_writes(writes, await submitted)
+            except Exception:
+                # Answered all the same (`_release`): retriable, the partition left sound.
+                log.exception("produce through dedup failed; answering retry")
         finally:
             admission.done()  # also on any failure before the check: never block successors
-            await self._release(work)
+            self._release(work)
         answers = {}
         for item in work:
             assert item.answer is not None
-            answers[(item.topic, item.partition)] = item.answer
+            answers[item.key] = item.answer
         return answers
 
     # ------------------------------------------------------------- 2. read
@@ -273,7 +304,7 @@ class DedupEngine:
         for item in to_check:
             await self._pass_gate(item)
             if item.answer is None:
-                self._state_of_item(item).pending += 1
+                self._state_of(item).pending += 1
                 item.checked = True
         # Each identity list walks every record of the partition: build it once.
         pairs = [(w, check) for w in to_check if w.checked and (check := w.check()) is not None]
@@ -281,19 +312,21 @@ class DedupEngine:
             return
         checked = [w for w, _ in pairs]
         try:
-            verdicts = await self._state.check_and_push([c for _, c in pairs], clock_ms())
+            verdicts = await self._state.check_and_push(
+                [c for _, c in pairs], self._clock.clock_ms()
+            )
         except RedisError as exc:
             # The script may or may not have run: treat it like a failed write, so the
             # partition is reset (pushed := persisted) before anything else is accepted.
             log.error("dedup state unavailable; refusing the request", error=str(exc))
             for item in checked:
                 self._fail(item)
-                item.answer = _not_written("dedup state unavailable")
+                self._refuse(item, _not_written("dedup state unavailable"))
             return
         for item, verdict in zip(checked, verdicts, strict=True):
             if verdict.lost:
-                self._state_lost(item.topic, item.partition, item.token)
-                item.answer = _recovering()
+                self._recoveries.state_lost(item.topic, item.partition, item.token)
+                self._refuse(item, _recovering())
                 continue
             if verdict.evicted:
                 metrics.EVICTIONS.inc(len(verdict.evicted))
@@ -308,15 +341,20 @@ class DedupEngine:
                 # before may be in a request refused while the partition recovered, or be
                 # retried right now; the client re-sends both, in order.
                 metrics.RECORDS.labels("unknown").inc(len(item.identified))
-                item.answer = _not_written(f"{verdict.bad}; the chunk before is still to come")
+                self._refuse(
+                    item, _not_written(f"{verdict.bad}; the chunk before is still to come")
+                )
                 continue
             if verdict.bad is not None:
                 self._refuse_bad_chunk(item, verdict.bad, verdict.bad_index)
                 continue
             if verdict.refused:
                 metrics.RECORDS.labels("unknown").inc(len(verdict.statuses))
-                item.answer = _not_written(
-                    "an earlier write of these sequences is in flight or failed; retry"
+                self._refuse(
+                    item,
+                    _not_written(
+                        "an earlier write of these sequences is in flight or failed; retry"
+                    ),
                 )
                 continue
             item.sizes = verdict.sizes
@@ -342,26 +380,31 @@ class DedupEngine:
 
     async def _pass_gate(self, item: _Work) -> None:
         """Wait while the partition recovers or settles a failed write."""
-        state = self._state_of_item(item)
+        state = self._state_of(item)
         while True:
+            if item.number <= state.refuse_through:
+                item.behind = True
+                item.answer = _not_written(
+                    "an earlier request to this partition was not written; retry in order"
+                )
+                return
             if not state.recovered:
-                key = (item.topic, item.partition)
-                self._request_recovery(key, "first use")
+                self._recoveries.request(item.key, "first use")
                 # Wait here, in line. Answering "retry" at once would let a pipelined later
                 # request of the same producer be checked after the recovery, ahead of this
                 # one: its higher sequences would make this one's records read as old.
-                if await self.wait_recovered([key], FIRST_USE_WAIT_S):
+                if await self._recoveries.wait_recovered([item.key], self._first_use_wait_s):
                     continue
-                item.answer = _recovering()
+                self._refuse(item, _recovering())
                 return
             if state.open.is_set():
                 item.token = state.token
                 return
             # After a failed write, wait for the reset: nothing may overtake the retry.
             try:
-                await asyncio.wait_for(state.open.wait(), SETTLE_WAIT_S)
+                await asyncio.wait_for(state.open.wait(), self._settle_wait_s)
             except TimeoutError:
-                item.answer = _not_written("partition is recovering from a failed write")
+                self._refuse(item, _not_written("partition is recovering from a failed write"))
                 return
 
     # ------------------------------------------------------------- 4. write
@@ -381,23 +424,20 @@ class DedupEngine:
             if count == 0:  # every record was a duplicate: success, nothing to write
                 item.answer = PartitionAnswer()
                 continue
-            writes.append(
-                (
-                    item,
-                    BatchToWrite(
-                        item.topic, item.partition, count, _builder(item, kept, self._headers)
-                    ),
-                )
+            batch = BatchToWrite(
+                item.topic,
+                item.partition,
+                count,
+                _builder(item, kept, self._headers),
+                wanted=self._still_wanted(item) if item.checked else None,
+                settled=self._on_settled(item) if item.checked else None,
             )
+            writes.append((item, batch))
         if not writes:
             return [], None
         items = [item for item, _ in writes]
         try:
             submitted = await self._writer.submit(broker, [w for _, w in writes], timeout_ms)
-            for item in items:  # in submission order: the order of the partition's log
-                if item.checked:
-                    item.ticket = self._state_of_item(item).cursor.submitted()
-            return items, submitted
         except (OSError, TimeoutError) as exc:
             # Nothing was sent (the writer fails before assigning sequences): tell the
             # client to refresh metadata and retry, as a broker that went away would.
@@ -407,8 +447,35 @@ class DedupEngine:
                 * len(writes)
             )
             return items, failed
+        for item in items:  # in submission order: the order of the partition's log
+            if item.checked:
+                item.ticket = self._state_of(item).cursor.submitted()
+        return items, submitted
 
-    async def _finish_writes(self, items: list[_Work], results: list[WriteResult]) -> None:
+    def _still_wanted(self, item: _Work) -> Callable[[], bool]:
+        """Asked by the writer as the batch takes its sequence: a write ahead of it in line
+        may have failed since its check, and it must not overtake that one's retry."""
+        state = self._state_of(item)
+
+        def wanted() -> bool:
+            if item.number <= state.refuse_through:
+                item.behind = True
+                return False
+            return True
+
+        return wanted
+
+    def _on_settled(self, item: _Work) -> Callable[[WriteResult], None]:
+        """Told by the writer as soon as the write's outcome is definite, before any later
+        batch of the partition takes a sequence."""
+
+        def settled(result: WriteResult) -> None:
+            if not result.written and _retriable(result.error_code) and not item.behind:
+                self._refuse_behind(item)
+
+        return settled
+
+    def _finish_writes(self, items: list[_Work], results: list[WriteResult]) -> None:
         for item, result in zip(items, results, strict=True):
             written_records = 0
             end_offset = None
@@ -424,31 +491,65 @@ class DedupEngine:
                     log_start_offset=result.log_start_offset,
                 )
             else:
-                self._fail(item)
+                if item.checked:
+                    self._fail(item)
                 if result.unresolved:  # only the log can tell: fence, then replay
-                    self._request_recovery((item.topic, item.partition), "a write stayed ambiguous")
-                item.answer = PartitionAnswer(result.error_code, error_message=result.error_message)
+                    self._recoveries.request(item.key, "a write stayed ambiguous")
+                self._refuse(
+                    item, PartitionAnswer(result.error_code, error_message=result.error_message)
+                )
             if item.ticket is not None:
-                self._state_of_item(item).cursor.settled(item.ticket, end_offset, written_records)
+                self._state_of(item).cursor.settled(item.ticket, end_offset, written_records)
 
     # ------------------------------------------------------------- 5. settle
 
-    async def _release(self, work: list[_Work]) -> None:
+    def _release(self, work: list[_Work]) -> None:
         for item in work:
+            if item.answer is None:
+                self._abandon(item)
+            elif item.mode is not Mode.DISABLED and _retriable(item.answer.error_code):
+                # Again now: requests admitted since it was refused were sent before its
+                # answer too.
+                self._refuse_behind(item)
             if not item.checked:
                 continue
-            state = self._state_of_item(item)
-            if item.ticket is not None and item.answer is None:
-                # Cancelled between submit and outcome: never leave the cursor stuck.
-                state.cursor.settled(item.ticket, None, 0)
+            state = self._state_of(item)
             state.pending -= 1
             if state.pending == 0 and state.failed:
                 state.failed = False
                 if state.recovered:  # else the recovery under way rebuilds pushed anyway
                     self._spawn(self._reset(item.topic, item.partition, state))
 
+    def _abandon(self, item: _Work) -> None:
+        """The request stopped (an unexpected error, cancellation) before this partition
+        had its outcome: answer retry, and leave the partition able to take the retry."""
+        if item.ticket is not None:
+            # Submitted: whether it reached the log only the log can tell.
+            self._state_of(item).cursor.settled(item.ticket, None, 0)
+            self._recoveries.request(item.key, "a write's outcome was lost")
+            self._refuse(item, _recovering())
+            return
+        if item.checked:  # pushed may have risen with nothing on its way: a failed write
+            self._fail(item)
+        self._refuse(item, _not_written("the proxy failed to handle the request; retry"))
+
+    def _refuse(self, item: _Work, answer: PartitionAnswer) -> None:
+        """Answer not written; when the client retries that, nothing behind may overtake."""
+        item.answer = answer
+        if _retriable(answer.error_code) and not item.behind:
+            self._refuse_behind(item)
+
+    def _refuse_behind(self, item: _Work) -> None:
+        """Refuse every request admitted on the partition so far that is not yet written:
+        each was sent before this one's answer (retry) reached its client. Only once its
+        turn has come: the requests ahead of it are written or refused by then."""
+        if item.mode is Mode.DISABLED or not item.in_turn:
+            return
+        state = self._state_of(item)
+        state.refuse_through = max(state.refuse_through, state.admitted)
+
     def _fail(self, item: _Work) -> None:
-        state = self._state_of_item(item)
+        state = self._state_of(item)
         state.failed = True
         state.open.clear()
 
@@ -466,124 +567,9 @@ class DedupEngine:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         if not still_held:
-            self._state_lost(topic, partition, state.token)
+            self._recoveries.state_lost(topic, partition, state.token)
         state.open.set()
         log.info("partition reset after a failed write", topic=topic, partition=partition)
-
-    # ------------------------------------------------------------- recovery
-
-    def _state_lost(self, topic: str, partition: int, token: str) -> None:
-        """Redis no longer holds the state this process recovered: recover it again."""
-        state = self._partitions.get((topic, partition))
-        if state is None or not state.recovered or state.token != token:
-            return  # already being recovered
-        log.error(
-            "dedup state lost (Redis flushed, restarted empty or replaced); recovering",
-            topic=topic,
-            partition=partition,
-        )
-        self._request_recovery((topic, partition), "state lost")
-
-    def request_recovery(self, partitions: list[_Key], reason: str) -> None:
-        """Recover these partitions (again): start-up, operator request."""
-        for key in partitions:
-            self._request_recovery(key, reason)
-
-    async def ensure_recovered(self, partitions: list[_Key], timeout_s: float) -> bool:
-        """Recover those not recovered yet, and wait: a state read (last sequence id) after
-        a crash is only true once the log's tail has been replayed."""
-        for key in partitions:
-            if not self._state_of(key).recovered:
-                self._request_recovery(key, "state read")
-        return await self.wait_recovered(partitions, timeout_s)
-
-    async def wait_recovered(self, partitions: list[_Key], timeout_s: float) -> bool:
-        """Whether every one of these partitions is recovered within the timeout."""
-
-        def done() -> bool:
-            return all(self._state_of(key).recovered for key in partitions)
-
-        async with self._recovered:
-            try:
-                await asyncio.wait_for(self._recovered.wait_for(done), timeout_s)
-            except TimeoutError:
-                return False
-        return True
-
-    def _request_recovery(self, key: _Key, reason: str) -> None:
-        state = self._state_of(key)
-        if key in self._recovery_queue:
-            return
-        if state.recovered:
-            state.recovered = False
-            state.open.set()  # waiters see `recovered` is False and answer at once
-        self._recovery_queue[key] = reason
-        metrics.RECOVERING.set(len(self._recovery_queue))
-        self._recovery_wakeup.set()
-        if self._recovery_task is None or self._recovery_task.done():
-            self._recovery_task = asyncio.create_task(self._recover_loop(), name="recovery")
-
-    async def _recover_loop(self) -> None:
-        """Recover queued partitions in batches (one fence per batch), retrying failures."""
-        pause = RECOVERY_RETRY_S[0]
-        batch_limit = RECOVERY_BATCH
-        while True:
-            await self._recovery_wakeup.wait()
-            self._recovery_wakeup.clear()
-            await asyncio.sleep(0.01)  # let requests arriving together join one batch
-            # A partition recovers once its own writes have settled (they are in the log
-            # then, or never will be); nothing new is checked meanwhile.
-            ready = [k for k in self._recovery_queue if self._state_of(k).pending == 0]
-            ready = ready[:batch_limit]
-            if not ready:
-                if self._recovery_queue:
-                    await asyncio.sleep(0.05)
-                    self._recovery_wakeup.set()
-                continue
-            log.info(
-                "recovering partitions",
-                partitions=[f"{t}/{p}" for t, p in ready],
-                reasons=sorted({self._recovery_queue[k] for k in ready}),
-            )
-            try:
-                recovered, failed = await self._recovery.run(ready)
-                batch_limit = RECOVERY_BATCH
-            except Exception as exc:  # the fence or the end offsets: the whole batch failed
-                recovered, failed = {}, {key: exc for key in ready}
-                batch_limit = 1  # one bad partition (a deleted topic) must not block the rest
-            for key, result in recovered.items():
-                state = self._state_of(key)
-                state.token = result.token
-                state.cursor = AckCursor(result.end)
-                state.snapshot_generation = result.next_generation
-                state.snapshot_offset = None if result.snapshot is None else result.snapshot.offset
-                state.snapshot_ms = None if result.snapshot is None else result.snapshot.created_ms
-                state.snapshot_records = 0
-                state.snapshot_due = result.snapshot is None or result.snapshot.offset < result.end
-                state.failed = False
-                state.recovered = True
-                state.open.set()
-                del self._recovery_queue[key]
-                metrics.RECOVERIES.labels("ok").inc()
-            for key, error in failed.items():
-                metrics.RECOVERIES.labels("failed").inc()
-                log.error(
-                    "partition recovery failed; retrying",
-                    topic=key[0],
-                    partition=key[1],
-                    error=f"{type(error).__name__}: {error}",
-                    retry_in_s=pause,
-                )
-            metrics.RECOVERING.set(len(self._recovery_queue))
-            async with self._recovered:
-                self._recovered.notify_all()
-            if failed:
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, RECOVERY_RETRY_S[1])
-            else:
-                pause = RECOVERY_RETRY_S[0]
-            if self._recovery_queue:
-                self._recovery_wakeup.set()
 
     # ------------------------------------------------------------- plumbing
 
@@ -592,14 +578,27 @@ class DedupEngine:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _state_of_item(self, item: _Work) -> PartitionState:
-        return self._state_of((item.topic, item.partition))
+    def _state_of(self, item: _Work) -> PartitionState:
+        return self._partitions.of(item.key)
 
-    def _state_of(self, key: _Key) -> PartitionState:
-        state = self._partitions.get(key)
-        if state is None:
-            state = self._partitions[key] = PartitionState()
-        return state
+
+def _partition_data(request: Any) -> dict[Key, bytes | None]:
+    """Each partition's records in request order. A partition named twice keeps its last
+    data: Kafka's broker does the same (`KafkaApis.handleProduceRequest` keeps one entry
+    per partition, the last), so its earlier data is neither written nor refused."""
+    parts: dict[Key, bytes | None] = {}
+    for topic in request.topic_data:
+        for part in topic.partition_data:
+            parts[(str(topic.name), int(part.index))] = part.records
+    return parts
+
+
+def _retriable(error_code: int) -> bool:
+    """Whether a client retries after this answer (an unknown code: assume it does)."""
+    try:
+        return bool(ErrorCode(error_code).retriable)
+    except ValueError:
+        return True
 
 
 def _recovering() -> PartitionAnswer:
@@ -665,31 +664,3 @@ def _builder(item: _Work, kept: Sequence[Sequence[Any]], headers: IdentityHeader
         return b"".join(parts)
 
     return build
-
-
-def produce_response(
-    version: int, answers: dict[tuple[str, int], PartitionAnswer], request: Any
-) -> Any:
-    """The kio ProduceResponse of the client's version, partitions in request order."""
-    response_cls = response_type(0, version)
-    module = sys.modules[response_cls.__module__]
-    topics = []
-    for topic in request.topic_data:
-        partitions = []
-        for part in topic.partition_data:
-            answer = answers[(str(topic.name), int(part.index))]
-            fields: dict[str, Any] = {
-                "index": i32(part.index),
-                "error_code": ErrorCode(answer.error_code),
-                "base_offset": i64(answer.base_offset),
-            }
-            if version >= 5:
-                fields["log_start_offset"] = i64(answer.log_start_offset)
-            if version >= 8:
-                fields["record_errors"] = ()
-                fields["error_message"] = answer.error_message
-            partitions.append(module.PartitionProduceResponse(**fields))
-        topics.append(
-            module.TopicProduceResponse(name=topic.name, partition_responses=tuple(partitions))
-        )
-    return response_cls(responses=tuple(topics))

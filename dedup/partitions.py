@@ -1,7 +1,8 @@
 """What the engine keeps in memory per topic-partition it writes.
 
 - The gate between a request's check and its outcome (a failed write closes it until
-  ``pushed`` is reset), and the place in line of the latest admitted request.
+  ``pushed`` is reset), the place in line of the latest admitted request, and how far
+  back in line requests are refused after one was not written (`PartitionState.refuse_through`).
 - Recovery: whether the partition's dedup state has been rebuilt from the log by this
   proxy process (``recovered``), and the token that proves Redis still holds that state.
 - The acknowledgement cursor (`AckCursor`): the offset a snapshot may claim to cover.
@@ -58,12 +59,20 @@ class AckCursor:
         return len(self._tickets)
 
 
+Key = tuple[str, int]  # topic, partition
+
+
 @dataclass(slots=True)
 class PartitionState:
     pending: int = 0  # requests between their check and their outcome
     failed: bool = False  # a write failed: reset pushed once pending reaches 0
     open: asyncio.Event = field(default_factory=asyncio.Event)
     last_in_line: asyncio.Future[None] | None = None  # the latest admitted request's turn
+    admitted: int = 0  # requests admitted so far: the latest one's number in line
+    # A request not written (retriable) refuses every request admitted before its answer
+    # could reach the client: those were sent without knowing, and written they would
+    # overtake its retry (whose records would then read as old duplicates and be lost).
+    refuse_through: int = 0
 
     recovered: bool = False  # the state was rebuilt from the log by this process
     token: str = ""  # proves Redis holds the state this process recovered
@@ -80,3 +89,13 @@ class PartitionState:
 
     def __post_init__(self) -> None:
         self.open.set()
+
+
+class PartitionStates(dict[Key, PartitionState]):
+    """Every partition the engine has met, its state created on first mention."""
+
+    def of(self, key: Key) -> PartitionState:
+        state = self.get(key)
+        if state is None:
+            state = self[key] = PartitionState()
+        return state

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 import structlog
 from redis.exceptions import RedisError
 
-from dedup.state import DedupState, Persisted, clock_ms, persisted_position
+from dedup.ports import Clock, PersistedStore, SystemClock
+from dedup.state import Persisted, persisted_position
 
 log = structlog.get_logger(__name__)
 
@@ -31,13 +32,16 @@ _Key = tuple[str, int, str]  # topic, partition, token ("" = any)
 class PersistedRecorder:
     def __init__(
         self,
-        state: DedupState,
+        state: PersistedStore,
         retry_backoff_s: float = 0.1,
         on_lost: Callable[[str, int, str], None] | None = None,
+        *,
+        clock: Clock | None = None,
     ) -> None:
         self._state = state
         self._retry_backoff_s = retry_backoff_s
         self._on_lost = on_lost
+        self._clock = clock or SystemClock()
         self._pending: dict[_Key, dict[str, Persisted]] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -78,7 +82,7 @@ class PersistedRecorder:
                         (topic, partition, batch[(topic, partition, t)])
                         for topic, partition, t in keys
                     ],
-                    clock_ms(),
+                    self._clock.clock_ms(),
                     [token or None for _, _, token in keys],
                 )
                 delay = self._retry_backoff_s

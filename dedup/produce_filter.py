@@ -1,65 +1,110 @@
 """Produce requests through the dedup engine: the one request the proxy answers itself.
 
-A Produce request whose topics have dedup enabled is decoded, run through the engine
-(check, rebuild, idempotent write), and answered by the proxy in the client's version.
-Anything else (transactional, dedup disabled everywhere it writes) is forwarded as is.
+A request filter (`proxy.runtime.chain`). A Produce request whose topics have dedup
+enabled is decoded, run through the engine (check, rebuild, idempotent write), and
+answered by the proxy in the client's version. Anything else (transactional, dedup
+disabled everywhere it writes) is forwarded as it is, undecoded where no policy can
+enable dedup at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import structlog
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i32, i64
+from kio.static.protocol import ResponsePayload
 
-from dedup.engine import Admission, DedupEngine, produce_response
-from proxy.kafka.schemas import decode_request_body, encode_body, response_header_is_flexible
+from dedup.engine import Admission, DedupEngine, PartitionAnswer
+from proxy.kafka.api_keys import ApiKey
+from proxy.kafka.schemas import response_type
 from proxy.kafka.topology import Endpoint
-from proxy.kafka.wire import FrameError, RequestHeader
+from proxy.runtime.chain import FilterContext, Forward, RequestDecision, RequestFrame, Respond
 
 log = structlog.get_logger(__name__)
 
 
-class DedupProduceHandler:
+class DedupProduceFilter:
+    request_keys = frozenset({ApiKey.PRODUCE})
+
     def __init__(self, engine: DedupEngine) -> None:
         self._engine = engine
-        self._running: set[asyncio.Task[bytes]] = set()
+        self._running: set[asyncio.Task[ResponsePayload]] = set()
 
-    async def take(
-        self, header: RequestHeader, payload: bytes, broker: Endpoint
-    ) -> asyncio.Future[bytes] | None:
-        """None: forward the request unchanged. Else the future of the answer payload."""
+    async def on_request(self, frame: RequestFrame, context: FilterContext) -> RequestDecision:
         if not await self._engine.dedup_anywhere():
-            return None
-        try:
-            request = decode_request_body(0, header.api_version, payload, header.body_offset)
-        except Exception as exc:
-            raise FrameError(f"malformed produce request: {exc}") from exc
+            return Forward()
+        request: Any = frame.decode()  # one kio class per Produce version, the same fields
         admission = await self._engine.admit(request)
         if admission is None:
-            return None
+            return Forward()
+        assert context.upstream is not None, "a request arrives only once upstream is connected"
         # The write runs to its end even if the client goes away (its connection's tasks are
         # cancelled): the writer's sequences and the dedup state must not stop half-way.
-        task = asyncio.create_task(self._answer(header, request, admission, broker))
+        task = asyncio.create_task(
+            self._answer(frame.header.api_version, request, admission, context.upstream)
+        )
         self._running.add(task)
         task.add_done_callback(self._finished)
-        return asyncio.shield(task)
+        return Respond(asyncio.shield(task))
 
-    def _finished(self, task: asyncio.Task[bytes]) -> None:
+    def _finished(self, task: asyncio.Task[ResponsePayload]) -> None:
         self._running.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("produce through dedup failed", error=repr(task.exception()))
 
     async def _answer(
-        self, header: RequestHeader, request: Any, admission: Admission, broker: Endpoint
-    ) -> bytes:
+        self, version: int, request: Any, admission: Admission, broker: Endpoint
+    ) -> ResponsePayload:
         answers = await self._engine.produce(request, admission, broker)
-        response = produce_response(header.api_version, answers, request)
-        correlation = header.correlation_id.to_bytes(4, "big", signed=True)
-        tagged = b"\x00" if response_header_is_flexible(0, header.api_version) else b""
-        return correlation + tagged + encode_body(response)
+        return produce_response(version, answers, request)
 
     async def drain(self) -> None:
         """Wait for every write already taken (graceful shutdown)."""
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
+
+
+def produce_response(
+    version: int, answers: dict[tuple[str, int], PartitionAnswer], request: Any
+) -> ResponsePayload:
+    """The kio ProduceResponse of the client's version, partitions in request order.
+
+    A partition named twice gets one entry, as from Kafka's broker (which keeps one entry
+    per partition), and so does a topic named twice.
+    """
+    response_cls = response_type(ApiKey.PRODUCE, version)
+    module = sys.modules[response_cls.__module__]
+    by_topic: dict[str, dict[int, Any]] = {}
+    names: dict[str, Any] = {}
+    for topic in request.topic_data:
+        name = str(topic.name)
+        names.setdefault(name, topic.name)
+        partitions = by_topic.setdefault(name, {})
+        for part in topic.partition_data:
+            index = int(part.index)
+            if index in partitions:
+                continue
+            answer = answers[(name, index)]
+            fields: dict[str, Any] = {
+                "index": i32(index),
+                "error_code": ErrorCode(answer.error_code),
+                "base_offset": i64(answer.base_offset),
+            }
+            if version >= 5:
+                fields["log_start_offset"] = i64(answer.log_start_offset)
+            if version >= 8:
+                fields["record_errors"] = ()
+                fields["error_message"] = answer.error_message
+            partitions[index] = module.PartitionProduceResponse(**fields)
+    topics = tuple(
+        module.TopicProduceResponse(
+            name=names[name], partition_responses=tuple(partitions.values())
+        )
+        for name, partitions in by_topic.items()
+    )
+    response: ResponsePayload = response_cls(responses=topics)
+    return response

@@ -1,10 +1,11 @@
-"""Everything dedup needs at run time, built from the proxy's settings and closed in order."""
+"""Everything dedup needs at run time, built from its settings and closed in order."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import redis.asyncio
@@ -13,28 +14,44 @@ from confluent_kafka.admin import AdminClient
 
 from dedup.batches import IdentityHeaders
 from dedup.engine import DedupEngine
+from dedup.fencing import Fencer
+from dedup.links import UpstreamLinks
 from dedup.policies import Mode, PolicyStore
+from dedup.ports import SystemClock
 from dedup.recovery import Recovery
+from dedup.recovery_scheduler import RecoveryScheduler
+from dedup.settings import DedupSettings
 from dedup.snapshots import SnapshotError, SnapshotStore
 from dedup.snapshotter import SnapshotPolicy, Snapshotter
 from dedup.state import DedupState, clock_ms
 from dedup.writer import IdempotentWriter, LeaderLookup
 from proxy.kafka.topology import Endpoint
-from proxy.runtime.settings import ProxySettings
 
 log = structlog.get_logger(__name__)
 
 PURGE_INTERVAL_S = 300.0
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamAccess:
+    """What dedup needs of the Kafka cluster behind the proxy, given by the runtime."""
+
+    bootstrap_servers: list[str]
+    instance_id: str  # stable per proxy instance: the root of its transactional id
+    connect_timeout_s: float
+    known_upstreams: Callable[[], Sequence[Endpoint]]
+    leader_of: LeaderLookup
+
+
 class DedupService:
     def __init__(
         self,
-        settings: ProxySettings,
-        bootstrap: Callable[[], Sequence[Endpoint]],
-        leader_of: LeaderLookup,
+        settings: DedupSettings,
+        upstream: UpstreamAccess,
     ) -> None:
         self.settings = settings
+        self.upstream = upstream
+        bootstrap, leader_of = upstream.known_upstreams, upstream.leader_of
         self._leader_of = leader_of
         self.redis = redis.asyncio.from_url(settings.redis)
         prefix = settings.redis_key_prefix
@@ -47,32 +64,34 @@ class DedupService:
             key_prefix=prefix,
             cache_s=settings.policy_cache_s,
         )
+        # One connection per broker for the proxy's own writes and its fencing.
+        self.links = UpstreamLinks(upstream.connect_timeout_s)
+        fencer = Fencer(f"dedup-proxy-{upstream.instance_id}", bootstrap, leader_of, self.links.get)
         self.writer = IdempotentWriter(
-            bootstrap,
             leader_of,
-            f"dedup-proxy-{settings.effective_instance_id}",
-            timeout_s=settings.upstream_connect_timeout_s,
+            fencer,
+            self.links.get,
+            timeout_s=upstream.connect_timeout_s,
             ambiguous_give_up_s=settings.ambiguous_write_give_up_s,
         )
-        upstream = ",".join(settings.upstream)
+        servers = ",".join(upstream.bootstrap_servers)
         self.snapshots = SnapshotStore(
-            upstream, settings.snapshot_topic, partitions=settings.snapshot_topic_partitions
+            servers, settings.snapshot_topic, partitions=settings.snapshot_topic_partitions
         )
         headers = IdentityHeaders(settings.dedup_producer_header, settings.dedup_sequence_header)
-        self.engine = DedupEngine(
-            self.state,
-            self.policies,
-            self.writer,
-            headers,
+        self.recoveries = RecoveryScheduler(
             Recovery(
                 self.writer,
                 self.snapshots,
                 self.state,
-                upstream,
+                servers,
                 headers,
                 max_producers=settings.max_producers_per_snapshot,
                 replay_timeout_s=settings.replay_timeout_s,
-            ),
+            )
+        )
+        self.engine = DedupEngine(
+            self.state, self.policies, self.writer, headers, self.recoveries, SystemClock()
         )
         self.snapshotter = Snapshotter(
             self.engine,
@@ -108,12 +127,13 @@ class DedupService:
         except TimeoutError:
             log.warning("shutting down before every changed partition was snapshotted")
         await self.snapshotter.close()
+        await self.recoveries.close()
         await self.engine.close()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.writer.close()
+        await self.links.close()
         await self.snapshots.close()
         await self.redis.aclose()
 
@@ -123,7 +143,7 @@ class DedupService:
         def ask() -> list[int]:
             admin = AdminClient(
                 {
-                    "bootstrap.servers": ",".join(self.settings.upstream),
+                    "bootstrap.servers": ",".join(self.upstream.bootstrap_servers),
                     "allow.auto.create.topics": False,  # asking must not create it
                 }
             )

@@ -55,6 +55,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from dedup.chunks import ChunkProgress
+from dedup.identity import INT64_MAX, INT64_MIN
 
 log = structlog.get_logger(__name__)
 
@@ -62,8 +63,6 @@ MAGIC: Final = b"DDS1"
 DEFAULT_TOPIC: Final = "__dedup_snapshots"
 MAX_SNAPSHOT_BYTES: Final = 16 * 1024 * 1024  # the topic's max.message.bytes
 
-_INT64_MAX: Final = (1 << 63) - 1
-_INT64_MIN: Final = -(1 << 63)
 _INT32_MAX: Final = (1 << 31) - 1
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _FIELDS: Final = frozenset(
@@ -134,8 +133,8 @@ class ProducerEntry:
     last_seen_ms: int
 
     def __post_init__(self) -> None:
-        _check_int("sequence", self.sequence, _INT64_MIN, _INT64_MAX)
-        _check_int("last_seen_ms", self.last_seen_ms, 0, _INT64_MAX)
+        _check_int("sequence", self.sequence, INT64_MIN, INT64_MAX)
+        _check_int("last_seen_ms", self.last_seen_ms, 0, INT64_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +148,7 @@ class ChunkEntry:
     def __post_init__(self) -> None:
         if not isinstance(self.progress, ChunkProgress):
             raise ValueError(f"not a ChunkProgress: {_show(self.progress)}")
-        _check_int("last_seen_ms", self.last_seen_ms, 0, _INT64_MAX)
+        _check_int("last_seen_ms", self.last_seen_ms, 0, INT64_MAX)
 
     def to_json(self) -> list[Any]:
         p = self.progress
@@ -178,7 +177,7 @@ class ChunkEntry:
             ("total_size", total),
             ("size", size),
         ):
-            _check_int(name, number, _INT64_MIN, _INT64_MAX)
+            _check_int(name, number, INT64_MIN, INT64_MAX)
         return cls(ChunkProgress(sequence, uuid, chunk_id, count, total, size), seen)
 
 
@@ -201,9 +200,9 @@ class Snapshot:
     def __post_init__(self) -> None:
         check_topic_name(self.topic)
         _check_int("partition", self.partition, 0, _INT32_MAX)
-        _check_int("offset", self.offset, 0, _INT64_MAX)
-        _check_int("created_ms", self.created_ms, 0, _INT64_MAX)
-        _check_int("generation", self.generation, 0, _INT64_MAX)
+        _check_int("offset", self.offset, 0, INT64_MAX)
+        _check_int("created_ms", self.created_ms, 0, INT64_MAX)
+        _check_int("generation", self.generation, 0, INT64_MAX)
         if not isinstance(self.producers, Mapping):
             raise ValueError(f"producers must be a mapping, not {type(self.producers).__name__}")
         for name, entry in self.producers.items():
@@ -314,7 +313,7 @@ class Snapshot:
     def capped(self, max_producers: int) -> Snapshot:
         """At most ``max_producers`` producers: the most recently seen, as the Redis state
         evicts (least recently seen first, ties by name)."""
-        _check_int("max_producers", max_producers, 0, _INT64_MAX)
+        _check_int("max_producers", max_producers, 0, INT64_MAX)
         seen: dict[str, int] = {}
         for name, entry in self.producers.items():
             seen[name] = entry.last_seen_ms

@@ -72,12 +72,13 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Final
 
 import redis.asyncio
 from redis.exceptions import NoScriptError
 
 from dedup.chunks import LAST, ChunkMeta, ChunkProgress
+from dedup.identity import INT64_MAX, INT64_MIN
 
 
 def clock_ms() -> int:
@@ -85,8 +86,8 @@ def clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-SEQUENCE_MIN = -(2**63)
-SEQUENCE_MAX = 2**63 - 1
+SEQUENCE_MIN: Final = INT64_MIN
+SEQUENCE_MAX: Final = INT64_MAX
 
 
 class Status(enum.IntEnum):

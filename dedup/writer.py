@@ -17,7 +17,14 @@ gives one of those two answers, or until ``ambiguous_give_up_s``: then the resul
 (`fence`), since only the log can say what happened.
 
 The producer id comes from `dedup.fencing.Fencer` (a transactional id per proxy instance),
-so a restarted proxy can fence every write its previous incarnation left in flight.
+so a restarted proxy can fence every write its previous incarnation left in flight. The
+fencer and the connections to the brokers are given (`ProducerIds`, `LinkFactory`): the
+composition root (`dedup.service`) builds them, tests script them.
+
+A batch may carry two hooks for its caller (`BatchToWrite.wanted`, `.settled`): the caller
+learns a batch's outcome the moment it is definite, before any later batch of the partition
+takes a sequence, and may withdraw a batch up to the moment it would take one. With them the
+caller keeps a later request from overtaking the retry of an earlier one that failed.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import datetime
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import kio.schema.produce.v11.request as produce_request
 import structlog
@@ -35,9 +42,9 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
-from dedup.fencing import Fencer, ProducerIdentity
+from dedup.fencing import ProducerIdentity
 from proxy.kafka.topology import Endpoint
-from proxy.kafka.upstream_client import LinkClosed, UpstreamClient
+from proxy.kafka.upstream_client import LinkClosed
 
 log = structlog.get_logger(__name__)
 
@@ -80,15 +87,6 @@ _HIDDEN_FROM_CLIENTS = {*_PRODUCER_STATE_LOST, ErrorCode.network_exception}
 
 
 @dataclass(frozen=True, slots=True)
-class BatchToWrite:
-    topic: str
-    partition: int
-    record_count: int
-    build: Callable[[int, int, int], bytes]
-    """(producer id, producer epoch, base sequence) -> the record batch bytes to append."""
-
-
-@dataclass(frozen=True, slots=True)
 class WriteResult:
     written: bool
     error_code: int = 0  # for the client when not written
@@ -97,6 +95,28 @@ class WriteResult:
     log_start_offset: int = -1
     error_message: str | None = None
     unresolved: bool = False  # gave up: maybe written; fence and recover the partition
+
+
+@dataclass(frozen=True, slots=True)
+class BatchToWrite:
+    topic: str
+    partition: int
+    record_count: int
+    build: Callable[[int, int, int], bytes]
+    """(producer id, producer epoch, base sequence) -> the record batch bytes to append."""
+    wanted: Callable[[], bool] | None = None
+    """Asked as the batch is about to take its sequence: False withdraws it (not written,
+    nothing sent)."""
+    settled: Callable[[WriteResult], None] | None = None
+    """Told the outcome the moment it is definite, before a later batch of the partition
+    can take a sequence."""
+
+
+WITHDRAWN = WriteResult(
+    written=False,
+    error_code=ErrorCode.not_enough_replicas,
+    error_message="not written: an earlier write to this partition failed; retry in order",
+)
 
 
 @dataclass(eq=False, slots=True)
@@ -127,31 +147,43 @@ class _Partition:
 LeaderLookup = Callable[[str, int], Awaitable[Endpoint | None]]
 
 
+class ProducerIds(Protocol):
+    """Where the writer's producer id comes from (`dedup.fencing.Fencer`)."""
+
+    async def new_epoch(self) -> ProducerIdentity: ...
+
+    async def fence(self, partitions: Sequence[tuple[str, int]]) -> ProducerIdentity: ...
+
+
+class ProduceLink(Protocol):
+    """A connection to a broker (`proxy.kafka.upstream_client.UpstreamClient`)."""
+
+    def send(self, payload: Any) -> asyncio.Future[Any]: ...
+
+
+LinkFactory = Callable[[Endpoint], Awaitable[ProduceLink]]
+
+
 class IdempotentWriter:
     def __init__(
         self,
-        bootstrap: Callable[[], Sequence[Endpoint]],
         leader_of: LeaderLookup,
-        transactional_id: str,
+        producer_ids: ProducerIds,
+        connect: LinkFactory,
+        *,
         timeout_s: float = 30.0,
         retry_backoff_s: float = 0.2,
         ambiguous_give_up_s: float = 120.0,
     ) -> None:
         self._leader_of = leader_of
+        self._producer_ids = producer_ids
+        self._connect = connect
         self._timeout_s = timeout_s
         self._retry_backoff_s = retry_backoff_s
         self._give_up_s = ambiguous_give_up_s
-        self.fencer = Fencer(transactional_id, bootstrap, leader_of, self._link)
-        self._links: dict[Endpoint, UpstreamClient] = {}
-        self._link_locks: dict[Endpoint, asyncio.Lock] = {}
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._producer: _Producer | None = None
         self._producer_lock = asyncio.Lock()
-
-    async def close(self) -> None:
-        for link in self._links.values():
-            await link.close()
-        self._links.clear()
 
     # ---------------------------------------------------------------- writing
 
@@ -167,13 +199,16 @@ class IdempotentWriter:
         """Assign sequences and send now; the returned future gives one result per batch.
 
         When this returns, the batches hold their place in each partition's sequence, so a
-        caller that submits in some order gets that order in the log. Raises (OSError)
-        only before anything was assigned.
+        caller that submits in some order gets that order in the log. Raises only before
+        anything was assigned: OSError (no connection), a `ProducerIds` error (FenceError),
+        whatever a batch's ``build`` raises; ValueError for two batches of one partition
+        (Kafka would keep only the last of them).
         """
-        ordered = sorted(
-            range(len(batches)), key=lambda i: (batches[i].topic, batches[i].partition)
-        )
-        partitions = [self._partition(batches[i].topic, batches[i].partition) for i in ordered]
+        keys = [(batch.topic, batch.partition) for batch in batches]
+        if len(set(keys)) < len(keys):
+            raise ValueError("one batch per partition and request: Kafka keeps only the last")
+        ordered = sorted(range(len(batches)), key=lambda i: keys[i])
+        partitions = [self._partition(*keys[i]) for i in ordered]
         acquired: list[_Partition] = []
         try:
             for partition in partitions:  # sorted acquisition: no deadlock between requests
@@ -181,21 +216,33 @@ class IdempotentWriter:
                 acquired.append(partition)
             for partition in partitions:
                 await self._ensure_producer(partition)
-            link = await self._link(broker)
+            link = await self._connect(broker)
+            # From here to send() nothing awaits: sequences are assigned in wire order.
+            # Every batch is built before any takes its sequence, so one that fails to
+            # build leaves nothing half assigned.
+            planned = [self._plan(partitions[n], batches[i]) for n, i in enumerate(ordered)]
+            request = self._produce_request(
+                [
+                    (batches[i], data)
+                    for i, (_, data) in zip(ordered, planned, strict=True)
+                    if data is not None
+                ],
+                timeout_ms,
+            )
         except BaseException:
             for partition in acquired:
                 partition.slots.release()
             raise
-        # From here to send() nothing awaits: sequences are assigned in wire order.
-        entries = [self._assign(partitions[n], batches[i]) for n, i in enumerate(ordered)]
-        request = self._produce_request(
-            [(batches[i], entry) for i, entry in zip(ordered, entries, strict=True)],
-            timeout_ms,
-        )
-        try:
-            answer: asyncio.Future[Any] | None = link.send(request)
-        except LinkClosed:
-            answer = None  # maybe sent, maybe not: resolved like any ambiguous write
+        entries = [
+            None if data is None else self._assign(partitions[n], batches[i], sequence, data)
+            for n, (i, (sequence, data)) in enumerate(zip(ordered, planned, strict=True))
+        ]
+        answer: asyncio.Future[Any] | None = None
+        if request is not None:
+            try:
+                answer = link.send(request)
+            except Exception:  # LinkClosed above all: maybe sent, maybe not
+                answer = None  # resolved like any ambiguous write
         return asyncio.ensure_future(
             self._complete(batches, ordered, partitions, entries, answer, timeout_ms)
         )
@@ -205,21 +252,48 @@ class IdempotentWriter:
         batches: Sequence[BatchToWrite],
         ordered: list[int],
         partitions: list[_Partition],
-        entries: list[_InFlight],
+        entries: list[_InFlight | None],
         answer: asyncio.Future[Any] | None,
         timeout_ms: int,
     ) -> list[WriteResult]:
         try:
-            results = None if answer is None else await self._await_answer(answer, timeout_ms)
+            try:
+                results = None if answer is None else await self._await_answer(answer, timeout_ms)
+            except Exception:  # an answer that cannot be read says nothing: re-send
+                log.exception("reading a produce answer failed; resolving as ambiguous")
+                results = None
             outcomes: dict[int, WriteResult] = {}
             for n, i in enumerate(ordered):
-                batch = batches[i]
+                batch, entry = batches[i], entries[n]
+                if entry is None:
+                    outcomes[i] = WITHDRAWN
+                    continue
                 outcome = results.get((batch.topic, batch.partition)) if results else None
-                outcomes[i] = await self._settle(batch, partitions[n], entries[n], outcome)
+                outcomes[i] = await self._settle_safely(batch, partitions[n], entry, outcome)
             return [outcomes[i] for i in range(len(batches))]
         finally:
             for partition in partitions:
                 partition.slots.release()
+
+    async def _settle_safely(
+        self,
+        batch: BatchToWrite,
+        partition: _Partition,
+        entry: _InFlight,
+        outcome: WriteResult | None,
+    ) -> WriteResult:
+        """`_settle`, and on any surprise give up (maybe written): an entry left unresolved
+        would hold every later batch and every fence of the partition forever."""
+        try:
+            return await self._settle(batch, partition, entry, outcome)
+        except Exception:
+            log.exception("settling a write failed", topic=batch.topic, partition=batch.partition)
+            if entry.resolved.done():  # settled before the surprise: only its hook failed
+                return WriteResult(written=entry.resolved.result())
+            result = self._give_up(batch, partition, entry, attempts=0)
+            _tell(batch, result)
+            self._finish(partition, entry, written=False)
+            return result
 
     async def _ensure_producer(self, partition: _Partition) -> None:
         """Give the partition a producer id it can start at sequence 0 with, if it needs one."""
@@ -237,11 +311,19 @@ class IdempotentWriter:
             partition.rewind_to = None
             partition.needs_new_producer = False
 
-    def _assign(self, partition: _Partition, batch: BatchToWrite) -> _InFlight:
+    def _plan(self, partition: _Partition, batch: BatchToWrite) -> tuple[int, bytes | None]:
+        """The sequence the batch would take and its bytes; None: the caller withdrew it."""
+        if batch.wanted is not None and not batch.wanted():
+            return partition.next_sequence, None
         assert partition.producer is not None
         sequence = partition.next_sequence
+        producer = partition.producer
+        return sequence, batch.build(producer.producer_id, producer.epoch, sequence)
+
+    def _assign(
+        self, partition: _Partition, batch: BatchToWrite, sequence: int, data: bytes
+    ) -> _InFlight:
         partition.next_sequence = (sequence + batch.record_count) % SEQUENCE_WRAP
-        data = batch.build(partition.producer.producer_id, partition.producer.epoch, sequence)
         previous = partition.in_flight[-1] if partition.in_flight else None
         entry = _InFlight(sequence, data, asyncio.get_running_loop().create_future(), previous)
         partition.in_flight.append(entry)
@@ -267,13 +349,15 @@ class IdempotentWriter:
                     partition=batch.partition,
                     error=ErrorCode(outcome.error_code).name,
                 )
-        self._finish(partition, entry, outcome.written)
         if not outcome.written and outcome.error_code in _HIDDEN_FROM_CLIENTS:
             outcome = WriteResult(
                 written=False,
                 error_code=ErrorCode.not_enough_replicas,
                 error_message="not written; retry",
             )
+        # The caller hears first; from `_finish` on, a later batch may take a sequence.
+        _tell(batch, outcome)
+        self._finish(partition, entry, outcome.written)
         return outcome
 
     async def _predecessor_failed(self, partition: _Partition, entry: _InFlight) -> bool:
@@ -304,8 +388,9 @@ class IdempotentWriter:
             if leader is None:
                 continue
             try:
-                link = await self._link(leader)
-                single = self._produce_request([(batch, entry)], int(self._timeout_s * 1000))
+                link = await self._connect(leader)
+                single = self._produce_request([(batch, entry.batch)], int(self._timeout_s * 1000))
+                assert single is not None
                 results = await self._await_answer(link.send(single), int(self._timeout_s * 1000))
             except (OSError, TimeoutError):
                 results = None
@@ -369,13 +454,16 @@ class IdempotentWriter:
     # ---------------------------------------------------------------- Kafka requests
 
     def _produce_request(
-        self, items: Sequence[tuple[BatchToWrite, _InFlight]], timeout_ms: int
-    ) -> produce_request.ProduceRequest:
+        self, items: Sequence[tuple[BatchToWrite, bytes]], timeout_ms: int
+    ) -> produce_request.ProduceRequest | None:
+        """The Produce request for these batches; None when there is none to send."""
+        if not items:
+            return None
         topics: dict[str, list[produce_request.PartitionProduceData]] = {}
-        for batch, entry in items:
+        for batch, data in items:
             topics.setdefault(batch.topic, []).append(
                 produce_request.PartitionProduceData(
-                    index=i32(batch.partition), records=Records(entry.batch)
+                    index=i32(batch.partition), records=Records(data)
                 )
             )
         return produce_request.ProduceRequest(
@@ -399,7 +487,10 @@ class IdempotentWriter:
         results: dict[tuple[str, int], WriteResult] = {}
         for topic in response.responses:
             for part in topic.partition_responses:
-                code = ErrorCode(part.error_code)
+                try:
+                    code = ErrorCode(part.error_code)
+                except ValueError:  # newer than kio: say nothing, so the write is re-sent
+                    continue
                 append_time = part.log_append_time
                 results[(str(topic.name), int(part.index))] = WriteResult(
                     written=code in _WRITTEN,
@@ -417,7 +508,7 @@ class IdempotentWriter:
         """A producer id this partition has not used yet (Kafka starts it at sequence 0)."""
         async with self._producer_lock:
             if self._producer is None or self._producer == previous:
-                self._producer = await self.fencer.new_epoch()
+                self._producer = await self._producer_ids.new_epoch()
             return self._producer
 
     async def fence(self, partitions: Sequence[tuple[str, int]]) -> None:
@@ -429,24 +520,12 @@ class IdempotentWriter:
             while state.in_flight:
                 await asyncio.gather(*(entry.resolved for entry in list(state.in_flight)))
         async with self._producer_lock:
-            self._producer = await self.fencer.fence(partitions)
+            self._producer = await self._producer_ids.fence(partitions)
             for state in states:
                 state.producer = self._producer
                 state.next_sequence = 0
                 state.rewind_to = None
                 state.needs_new_producer = False
-
-    async def _link(self, endpoint: Endpoint) -> UpstreamClient:
-        link = self._links.get(endpoint)
-        if link is not None and link.is_open:
-            return link
-        lock = self._link_locks.setdefault(endpoint, asyncio.Lock())
-        async with lock:
-            link = self._links.get(endpoint)
-            if link is None or not link.is_open:
-                link = await UpstreamClient(endpoint, self._timeout_s).connect()
-                self._links[endpoint] = link
-            return link
 
     def _partition(self, topic: str, partition: int) -> _Partition:
         key = (topic, partition)
@@ -454,3 +533,12 @@ class IdempotentWriter:
         if state is None:
             state = self._partitions[key] = _Partition()
         return state
+
+
+def _tell(batch: BatchToWrite, outcome: WriteResult) -> None:
+    if batch.settled is None:
+        return
+    try:
+        batch.settled(outcome)
+    except Exception:  # the caller's hook must not leave the partition's sequence stuck
+        log.exception("a write's settled hook failed", topic=batch.topic)

@@ -19,7 +19,8 @@ from deploy.paths import MissingRuntimeError
 
 local_app = typer.Typer(
     name="local",
-    help="The local Apache Kafka (KRaft) cluster and Redis the proxy runs against.",
+    help="The local Kafka + Redis the project runs on.\n\n"
+    "The local Apache Kafka (KRaft) cluster and Redis the proxy runs against.",
     no_args_is_help=True,
     add_completion=False,
 )

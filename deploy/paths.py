@@ -1,40 +1,59 @@
 """Where the local environment's pieces live: the Kafka jars, Spark's Kafka source and the
 Toxiproxy server (a cache outside the repo, filled by deploy/setup.sh), the state home, the
-packaged config files, the executables."""
+packaged config files, the executables; and the pinned versions, each written once: Kafka's
+in kafka/pom.xml, Spark's in spark/pom.xml (equal to the product's pyspark pin), the rest in
+versions.env. deploy/setup.sh reads the same files."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 
-KAFKA_VERSION = "4.3.1"
-# deploy/setup.sh builds this release with Go; keep the two in step.
-TOXIPROXY_VERSION = "2.12.0"
-# The pinned pyspark's version; deploy/setup.sh resolves Spark's Kafka source at it.
-SPARK_VERSION = "4.0.0"
-RESOURCES = Path(__file__).resolve().parent / "kafka"
+from dedup.spark.runtime import MissingRuntimeError as MissingRuntimeError
+from dedup.spark.runtime import cache_dir as cache_dir
+from dedup.spark.runtime import spark_jars_dir as _product_spark_jars_dir
+
+HERE = Path(__file__).resolve().parent
+RESOURCES = HERE / "kafka"
+KAFKA_POM = RESOURCES / "pom.xml"
+SPARK_POM = HERE / "spark" / "pom.xml"
+VERSIONS_ENV = HERE / "versions.env"
 KAFKA_LOG4J2_CONFIG = RESOURCES / "log4j2.properties"
 TOOLS_LOG4J2_CONFIG = RESOURCES / "tools-log4j2.properties"
 SETUP_HINT = "run `bash deploy/setup.sh` first"
 
 
-class MissingRuntimeError(RuntimeError):
-    """A program or the Kafka jars the local environment needs are not installed."""
+def pom_property(pom: Path, name: str) -> str:
+    """A property of a Maven descriptor (``<properties><name>value</name>``)."""
+    root = ET.parse(pom).getroot()
+    namespace = root.tag.partition("}")[0] + "}" if root.tag.startswith("{") else ""
+    value = root.findtext(f"{namespace}properties/{namespace}{name}")
+    if not value or not value.strip():
+        raise ValueError(f"{pom} has no property {name}")
+    return value.strip()
 
 
-def _xdg(env: Mapping[str, str], name: str, fallback: str) -> Path:
-    value = env.get(name, "")
-    # XDG says relative values are invalid and must be ignored.
-    if value and os.path.isabs(value):
-        return Path(value)
-    return Path.home() / fallback
+def env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines (comments and blank lines skipped), as deploy/setup.sh sources them."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{path}:{number}: not KEY=VALUE: {raw!r}")
+        values[key.strip()] = value.strip()
+    return values
 
 
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    return _xdg(env, "XDG_CACHE_HOME", ".cache") / "kafka-dedup-proxy"
+KAFKA_VERSION = pom_property(KAFKA_POM, "kafka.version")
+# The pinned pyspark's version; deploy/setup.sh resolves Spark's Kafka source at it.
+SPARK_VERSION = pom_property(SPARK_POM, "spark.version")
+TOXIPROXY_VERSION = env_file(VERSIONS_ENV)["TOXIPROXY_VERSION"]
 
 
 def kafka_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -46,7 +65,8 @@ def toxiproxy_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def spark_jars_dir(environ: Mapping[str, str] | None = None) -> Path:
-    return cache_dir(environ) / f"spark-{SPARK_VERSION}" / "jars"
+    """Where the Spark job looks for Spark's Kafka source (the product's rule)."""
+    return _product_spark_jars_dir(environ, version=SPARK_VERSION)
 
 
 def kafka_libs_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -58,7 +78,10 @@ def state_home(environ: Mapping[str, str] | None = None) -> Path:
     explicit = env.get("DEDUP_LOCAL_HOME", "")
     if explicit:
         return Path(explicit).expanduser().resolve()
-    return _xdg(env, "XDG_STATE_HOME", ".local/state") / "kafka-dedup-proxy" / "local"
+    value = env.get("XDG_STATE_HOME", "")
+    # XDG says relative values are invalid and must be ignored.
+    base = Path(value) if value and os.path.isabs(value) else Path.home() / ".local" / "state"
+    return base / "kafka-dedup-proxy" / "local"
 
 
 def kafka_classpath() -> str:

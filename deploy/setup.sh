@@ -1,30 +1,53 @@
 #!/usr/bin/env bash
-# Prepares a machine for kafka-dedup-proxy: the Python virtualenv, Redis and kcat, a Java
-# runtime with Maven, the Kafka 4.3.1 jars resolved from deploy/kafka/pom.xml, Spark's Kafka
-# source for the Spark job (deploy/spark/pom.xml), and the Toxiproxy 2.12.0 server (built
-# with Go) the chaos suite injects network faults with.
+# Prepares a machine for kafka-dedup-proxy: the Python virtualenv with the product (editable,
+# with its dev and spark extras) and the lab (deploy/pyproject.toml, editable), Redis and
+# kcat, a Java runtime with Maven, the Kafka jars resolved from deploy/kafka/pom.xml, Spark's
+# Kafka source for the Spark job (deploy/spark/pom.xml), and the Toxiproxy server (built with
+# Go) the chaos suite injects network faults with. Versions are pinned once each, in the
+# files this script reads: kafka.version in deploy/kafka/pom.xml, spark.version in
+# deploy/spark/pom.xml (checked against the installed pyspark, pinned in pyproject.toml) and
+# deploy/versions.env; deploy/paths.py reads the same.
 # Idempotent and quick on a machine that is already set up: each step is skipped when its
 # result is present (the slow ones are keyed by a hash of their input file, or a version).
 set -euo pipefail
 
+say() { printf 'setup: %s\n' "$*"; }
+warn() { printf 'setup: warning: %s\n' "$*" >&2; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+hash_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
+# A property of a Maven descriptor, <name>value</name> on one line (as deploy/paths.py reads it).
+pom_property() {
+    local value
+    value="$(sed -n "s:.*<$2>[[:space:]]*\([^<[:space:]]*\)[[:space:]]*</$2>.*:\1:p" "$1" | head -n1)"
+    [ -n "$value" ] || die "$1 has no property $2"
+    echo "$value"
+}
+
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 POM="$ROOT/deploy/kafka/pom.xml"
-KAFKA_VERSION="4.3.1"
-# Same rule as deploy/paths.py: an unset, empty or relative XDG_CACHE_HOME means ~/.cache.
+SPARK_POM="$ROOT/deploy/spark/pom.xml"
+KAFKA_VERSION="$(pom_property "$POM" kafka.version)"
+SPARK_VERSION="$(pom_property "$SPARK_POM" spark.version)"
+# shellcheck source=versions.env
+source "$ROOT/deploy/versions.env"
+[ -n "${TOXIPROXY_VERSION:-}" ] || die "deploy/versions.env sets no TOXIPROXY_VERSION"
+# Same rule as dedup/spark/runtime.py cache_dir: an unset, empty or relative XDG_CACHE_HOME
+# means ~/.cache.
 CACHE_HOME="${XDG_CACHE_HOME:-}"
 [[ "$CACHE_HOME" == /* ]] || CACHE_HOME="$HOME/.cache"
 KAFKA_CACHE="$CACHE_HOME/kafka-dedup-proxy/kafka-$KAFKA_VERSION"
 LIBS="$KAFKA_CACHE/libs"
-# Same as deploy/paths.py TOXIPROXY_VERSION.
-TOXIPROXY_VERSION="2.12.0"
 TOXIPROXY_DIR="$CACHE_HOME/kafka-dedup-proxy/toxiproxy-$TOXIPROXY_VERSION"
 TOXIPROXY_BIN="$TOXIPROXY_DIR/toxiproxy-server"
 
-say() { printf 'setup: %s\n' "$*"; }
-warn() { printf 'setup: warning: %s\n' "$*" >&2; }
-die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
-hash_of() { sha256sum "$1" | cut -d' ' -f1; }
+# `setup.sh --versions`: print the pins this script installs, change nothing (tests compare
+# them with deploy/paths.py).
+if [ "${1:-}" = "--versions" ]; then
+    printf 'KAFKA_VERSION=%s\nSPARK_VERSION=%s\nTOXIPROXY_VERSION=%s\n' \
+        "$KAFKA_VERSION" "$SPARK_VERSION" "$TOXIPROXY_VERSION"
+    exit 0
+fi
 
 # Runs a noisy command with its output in a log file, shown (tail) only when it fails.
 quietly() {
@@ -82,14 +105,21 @@ if [ ! -x "$VENV/bin/python" ]; then
     quietly "$VENV/bin/python" -m pip install --upgrade pip
 fi
 
+# The product with its dev and spark extras, and the lab, both editable, in one pip run (so
+# the lab's requirement on the product is met by this checkout, never by a registry).
 PY_STAMP="$VENV/.pyproject.sha256"
-if [ "$(cat "$PY_STAMP" 2>/dev/null || true)" != "$(hash_of "$ROOT/pyproject.toml")" ]; then
-    say "installing the project and its dev dependencies into .venv"
-    (cd "$ROOT" && quietly "$VENV/bin/python" -m pip install -e '.[dev]')
-    hash_of "$ROOT/pyproject.toml" >"$PY_STAMP"
+PY_INPUTS=("$ROOT/pyproject.toml" "$ROOT/deploy/pyproject.toml")
+if [ "$(cat "$PY_STAMP" 2>/dev/null || true)" != "$(hash_of "${PY_INPUTS[@]}")" ]; then
+    say "installing the product (with its dev and spark extras) and the lab into .venv"
+    (cd "$ROOT" && quietly "$VENV/bin/python" -m pip install -e '.[dev,spark]' -e ./deploy)
+    hash_of "${PY_INPUTS[@]}" >"$PY_STAMP"
 else
     say ".venv up to date"
 fi
+PYSPARK_VERSION="$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')"
+[ "$PYSPARK_VERSION" = "$SPARK_VERSION" ] ||
+    die "pyspark $PYSPARK_VERSION is installed but deploy/spark/pom.xml pins Spark" \
+        "$SPARK_VERSION: make pyproject.toml's pyspark pin and spark.version agree"
 
 # --- Redis and kcat ----------------------------------------------------------------------
 missing=()
@@ -156,9 +186,8 @@ resolve_jars() {
 
 resolve_jars "Kafka $KAFKA_VERSION" "$POM" "$LIBS" "kafka_2.13-$KAFKA_VERSION.jar"
 
-# Same version as the pinned pyspark (pyproject.toml) and as deploy/paths.py SPARK_VERSION.
-SPARK_VERSION="$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')"
-resolve_jars "Spark $SPARK_VERSION Kafka source" "$ROOT/deploy/spark/pom.xml" \
+# The directory dedup/spark/runtime.py spark_jars_dir looks in by default.
+resolve_jars "Spark $SPARK_VERSION Kafka source" "$SPARK_POM" \
     "$CACHE_HOME/kafka-dedup-proxy/spark-$SPARK_VERSION/jars" \
     "spark-sql-kafka-0-10_2.13-$SPARK_VERSION.jar" -s "$ROOT/deploy/spark/maven-settings.xml"
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The project's test command: set up everything a fresh machine needs, check style and
-# types, then run every test (unit and integration against the real local Kafka + Redis,
-# which the test session starts). Extra arguments go to pytest.
+# The project's test command: set up everything a fresh machine needs, check style, types
+# and import contracts (pyproject.toml [tool.importlinter]), then run every test (unit and
+# integration against the real local Kafka + Redis, which the test session starts). Extra
+# arguments go to pytest.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,6 +14,8 @@ echo "test: ruff"
 .venv/bin/ruff format --check proxy dedup deploy tests benchmarks
 echo "test: mypy"
 .venv/bin/mypy
+echo "test: import contracts"
+.venv/bin/lint-imports --no-logo
 echo "test: pytest"
 status=0
 .venv/bin/pytest "$@" || status=$?

@@ -9,20 +9,18 @@ from typing import Annotated
 import typer
 
 from dedup.app.admin_commands import policy_app, producers, recover, snapshot, snapshots
+from dedup.app.plugins import add_plugin_commands
+from dedup.app.settings import Settings, load_settings
 from dedup.spark.cli import spark_app
-from deploy.chaos.cli import chaos_app
-from deploy.cli import local_app
 from proxy.runtime.logs import configure_logging
-from proxy.runtime.settings import ConfigError, load_settings
+from proxy.runtime.settings import ConfigError
 
 app = typer.Typer(
     help="A Kafka-protocol proxy with Pulsar-style guaranteed deduplication.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.add_typer(local_app, name="local", help="The local Kafka + Redis the project runs on.")
 app.add_typer(policy_app, name="policy", help="Read and change dedup policies.")
-app.add_typer(chaos_app, name="chaos", help="The seed's dedup experiment: faults under load.")
 app.add_typer(spark_app, name="spark", help="The Spark job reading a deduplicated topic.")
 app.command("producers")(producers)
 app.command("snapshots")(snapshots)
@@ -51,11 +49,18 @@ def serve(
     no_dedup: Annotated[
         bool, typer.Option("--no-dedup", help="start with dedup disabled for unpoliced topics")
     ] = False,
+    pass_through: Annotated[
+        bool,
+        typer.Option(
+            "--pass-through",
+            help="a plain Kafka proxy: no dedup at all, no Redis (policies cannot enable it)",
+        ),
+    ] = False,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error")] = None,
     log_format: Annotated[str | None, typer.Option(help="json or console")] = None,
 ) -> None:
     """Run the proxy in front of a Kafka cluster until SIGINT or SIGTERM."""
-    from proxy.runtime.lifecycle import install_event_loop, run_proxy
+    from proxy.runtime.lifecycle import install_event_loop
 
     try:
         settings = load_settings(
@@ -69,6 +74,7 @@ def serve(
             log_level=log_level,
             log_format=log_format,
             dedup=False if no_dedup else None,
+            pass_through=True if pass_through else None,
         )
     except ConfigError as exc:
         typer.echo(f"dedup-proxy: {exc}", err=True)
@@ -76,28 +82,23 @@ def serve(
     configure_logging(settings.log_level, settings.log_format)
     install_event_loop()
     try:
-        asyncio.run(run_proxy(settings))
+        asyncio.run(_serve(settings))
     except OSError as exc:
         typer.echo(f"dedup-proxy: cannot listen: {exc}", err=True)
         raise typer.Exit(1) from exc
 
 
-@app.command()
-def demo(
-    small: Annotated[bool, typer.Option(help="a reduced size (about a minute of load)")] = False,
-    report: Annotated[
-        Path | None, typer.Option(help="also write the report as JSON to this file")
-    ] = None,
-    work_dir: Annotated[
-        Path | None, typer.Option(help="where sources, Spark's sink, chart and logs go")
-    ] = None,
-) -> None:
-    """The main job: local Kafka + Redis + the proxy, loaders replaying files through the
-    proxy and straight into Kafka while loaders, the proxy and the Spark job are killed,
-    Spark reading both topics; a report, a chart and, with --report, JSON."""
-    from deploy.demo.scenario import FULL, SMALL, run_demo
+async def _serve(settings: Settings) -> None:
+    from dedup.app.assemble import assemble
+    from proxy.runtime.lifecycle import run_proxy
 
-    raise typer.Exit(run_demo(SMALL if small else FULL, report_path=report, work_dir=work_dir))
+    proxy = assemble(settings)  # inside the loop: the dedup service binds to it
+    await run_proxy(proxy.server, proxy.admin_routes)
+
+
+# The lab's commands (local, chaos, demo) where it is installed; after the product's own,
+# so none of them can be taken.
+add_plugin_commands(app)
 
 
 def main() -> None:

@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from dedup.chunks import HEADER_CHUNK_COUNT, HEADER_CHUNK_ID, HEADER_TOTAL_SIZE, HEADER_UUID
+from dedup.chunks import (
+    CHUNK_HEADERS,
+    HEADER_CHUNK_COUNT,
+    HEADER_CHUNK_ID,
+    HEADER_TOTAL_SIZE,
+    HEADER_UUID,
+)
 from dedup.spark.rows import header_value
 
 if TYPE_CHECKING:
@@ -47,7 +53,7 @@ _STATE_SCHEMA = (
     "next_chunk int, data binary, first string"
 )
 _CHUNK_COLUMNS = ("chunk_uuid", "chunk_id", "chunk_count", "total_size")
-_CHUNK_HEADERS = {HEADER_UUID, HEADER_CHUNK_ID, HEADER_CHUNK_COUNT, HEADER_TOTAL_SIZE}
+_CHUNK_HEADERS = frozenset(CHUNK_HEADERS)
 
 
 def reassemble_chunks(rows: DataFrame, expire_after_s: float = DEFAULT_EXPIRE_AFTER_S) -> DataFrame:

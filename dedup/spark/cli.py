@@ -15,11 +15,10 @@ from rich.table import Table
 
 from dedup.spark.chunks import DEFAULT_EXPIRE_AFTER_S
 from dedup.spark.job import JobConfig, SecondLine, Trigger
-from dedup.spark.runtime import SparkResources
+from dedup.spark.runtime import MissingRuntimeError, SparkResources
 from dedup.spark.verify import Scope, SinkReport
-from deploy.config import DEFAULT_KAFKA_PORT_BASE
-from deploy.paths import MissingRuntimeError
 from proxy.runtime.logs import configure_logging
+from proxy.runtime.settings import DEFAULT_UPSTREAM
 
 spark_app = typer.Typer(
     help="Read a deduplicated topic with Spark's Kafka source into an exactly-once sink.",
@@ -41,7 +40,7 @@ def run(
     ] = None,
     bootstrap: Annotated[
         str, typer.Option(envvar="DEDUP_SPARK_BOOTSTRAP", help="Kafka bootstrap servers")
-    ] = f"127.0.0.1:{DEFAULT_KAFKA_PORT_BASE}",
+    ] = DEFAULT_UPSTREAM,
     trigger: Annotated[
         Trigger, typer.Option(help="available-now: what is there, then stop")
     ] = Trigger.AVAILABLE_NOW,
@@ -144,7 +143,11 @@ def verify(
     from dedup.spark.runtime import start_session
     from dedup.spark.verify import summarize_sink
 
-    spark = start_session(SparkResources(master=master, driver_memory=driver_memory))
+    try:
+        spark = start_session(SparkResources(master=master, driver_memory=driver_memory))
+    except MissingRuntimeError as exc:
+        typer.echo(f"dedup-proxy: {exc}", err=True)
+        raise typer.Exit(2) from exc
     try:
         report = summarize_sink(spark, output.resolve(), scope)
     except FileNotFoundError as exc:

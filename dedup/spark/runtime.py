@@ -6,14 +6,55 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deploy.paths import SETUP_HINT, SPARK_VERSION, MissingRuntimeError, spark_jars_dir
-
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+# A directory holding Spark's Kafka source and its dependencies, instead of the cache.
+JARS_DIR_ENV = "DEDUP_SPARK_JARS_DIR"
+INSTALL_HINT = "install it with: pip install 'kafka-dedup-proxy[spark]'"
+JARS_HINT = (
+    f"resolve them there (`bash deploy/setup.sh` in a checkout of the project does), or point "
+    f"{JARS_DIR_ENV} at a directory holding spark-sql-kafka-0-10 and its dependencies"
+)
+
+
+class MissingRuntimeError(RuntimeError):
+    """Something needed at run time and installed apart from this package (pyspark, Spark's
+    Kafka source, a program) is missing."""
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The project's cache: ``${XDG_CACHE_HOME or ~/.cache}/kafka-dedup-proxy``."""
+    env = os.environ if environ is None else environ
+    value = env.get("XDG_CACHE_HOME", "")
+    # XDG says relative values are invalid and must be ignored.
+    base = Path(value) if value and os.path.isabs(value) else Path.home() / ".cache"
+    return base / "kafka-dedup-proxy"
+
+
+def spark_version() -> str:
+    """The installed pyspark's version, the version of the Kafka source the job loads."""
+    try:
+        import pyspark
+    except ImportError as exc:
+        raise MissingRuntimeError(f"pyspark is not installed: {INSTALL_HINT}") from exc
+    return str(pyspark.__version__)
+
+
+def spark_jars_dir(environ: Mapping[str, str] | None = None, version: str | None = None) -> Path:
+    """Where the job finds Spark's Kafka source: $DEDUP_SPARK_JARS_DIR, else
+    ``<cache_dir>/spark-<version>/jars`` (version: the installed pyspark's)."""
+    env = os.environ if environ is None else environ
+    explicit = env.get(JARS_DIR_ENV, "")
+    if explicit:
+        return Path(explicit).expanduser()
+    return cache_dir(env) / f"spark-{version or spark_version()}" / "jars"
+
 
 # artifactId-version.jar; a version has a dot (so "-0-10_2.13" stays in the artifact id).
 _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+(?:\.\d+)+(?:[-.][A-Za-z0-9]+)*)\.jar$")
@@ -33,17 +74,15 @@ class SparkResources:
 def kafka_source_jars(jars_dir: Path | None = None) -> list[Path]:
     """The Kafka source's jars that pyspark does not already ship (same artifact, maybe
     another version: two copies of a class on one classpath is how Spark jobs break)."""
+    version = spark_version()
     import pyspark
 
-    if pyspark.__version__ != SPARK_VERSION:
-        raise MissingRuntimeError(
-            f"pyspark {pyspark.__version__} is installed, the job needs {SPARK_VERSION}: "
-            f"{SETUP_HINT}"
-        )
-    directory = jars_dir or spark_jars_dir()
-    source = directory / f"spark-sql-kafka-0-10_2.13-{SPARK_VERSION}.jar"
+    directory = jars_dir or spark_jars_dir(version=version)
+    source = directory / f"spark-sql-kafka-0-10_2.13-{version}.jar"
     if not source.is_file():
-        raise MissingRuntimeError(f"Spark's Kafka source not found in {directory}: {SETUP_HINT}")
+        raise MissingRuntimeError(
+            f"Spark {version}'s Kafka source not found in {directory}: {JARS_HINT}"
+        )
     shipped_dir = Path(pyspark.__file__).parent / "jars"
     shipped = {_artifact(jar.name) for jar in shipped_dir.glob("*.jar")}
     return sorted(jar for jar in directory.glob("*.jar") if _artifact(jar.name) not in shipped)
@@ -57,6 +96,7 @@ def _artifact(file_name: str) -> str:
 def start_session(resources: SparkResources | None = None) -> SparkSession:
     """A Spark session with the Kafka source on its classpath. Python workers run this
     interpreter, so they see the same packages (pandas, pyarrow) as the driver."""
+    spark_version()  # pyspark is installed, or the error says how to install it
     from pyspark.sql import SparkSession
 
     settings = resources or SparkResources()

@@ -24,7 +24,8 @@ from deploy.chaos.scenarios import SCENARIOS, FaultSettings
 from deploy.chaos.topology import ChaosTopology
 
 chaos_app = typer.Typer(
-    help="Fault injection: producers through the proxy, checked for "
+    help="The dedup experiment: faults under load, with and without dedup.\n\n"
+    "Fault injection: producers through the proxy, checked for "
     "duplicates, losses and reordering."
 )
 console = Console()

@@ -32,6 +32,8 @@ from typing import Any, Final, Literal
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from dedup.identity import DEFAULT_PRODUCER_HEADER as PRODUCER_HEADER
+from dedup.identity import DEFAULT_SEQUENCE_HEADER as SEQUENCE_HEADER
 from deploy.local import java_tool_command
 
 CLIENTS: Final = ("confluent-explicit", "confluent-implicit", "java-implicit")
@@ -129,7 +131,7 @@ def _confluent(
             producer.poll(0.01)
         headers: list[tuple[str, str | bytes | None]] | None = None
         if client == "confluent-explicit":
-            headers = [("dedup.producer", name), ("dedup.sequence", str(value).encode())]
+            headers = [(PRODUCER_HEADER, name), (SEQUENCE_HEADER, str(value).encode())]
         while True:
             try:
                 producer.produce(

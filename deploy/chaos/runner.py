@@ -18,13 +18,14 @@ from pathlib import Path
 
 import structlog
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from deploy.chaos.classify import RunResult, classify_run
 from deploy.chaos.producers import Client, ProducerRun, produce
 from deploy.chaos.report import ResultsWriter
 from deploy.chaos.scenarios import FaultSettings, Scenario
 from deploy.chaos.topology import BROKERS, ChaosTopology
+from deploy.topics import create_topic
 
 log = structlog.get_logger(__name__)
 
@@ -123,20 +124,13 @@ def _one_run(
 
 
 def _fresh_topic(bootstrap: str) -> str:
-    name = f"chaos-{time.time_ns()}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    config = {"min.insync.replicas": "2"}
-    admin.create_topics([NewTopic(name, 1, BROKERS, config=config)])[name].result(60)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # metadata lags the creation a moment
-        found = admin.list_topics(name, timeout=10).topics.get(name)
-        leader = -1
-        if found is not None and found.error is None and 0 in found.partitions:
-            leader = found.partitions[0].leader
-        if leader >= 0:
-            return name
-        time.sleep(0.1)
-    raise TimeoutError(f"topic {name} got no leader")
+    """One partition on every broker; a write needs two in sync (acks=all)."""
+    return create_topic(
+        bootstrap,
+        f"chaos-{time.time_ns()}",
+        replication_factor=BROKERS,
+        config={"min.insync.replicas": "2"},
+    )
 
 
 def _read_back(bootstrap: str, topic: str) -> Iterator[int]:

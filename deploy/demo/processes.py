@@ -110,7 +110,7 @@ class SparkJob:
 
     def start(self) -> None:
         self.ready_file.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "proxy", "spark", "run", *self.args]
+        command = [sys.executable, "-m", "dedup", "spark", "run", *self.args]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 [*command, "--ready-file", str(self.ready_file)],

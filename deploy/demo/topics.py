@@ -8,26 +8,9 @@ from dataclasses import dataclass
 from typing import cast
 
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from dedup.batches import HEADER_PRODUCER, HEADER_SEQUENCE
-
-
-def create_topic(bootstrap: str, name: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, partitions, -1)])[name].result(60)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # metadata lags the creation a moment
-        found = admin.list_topics(name, timeout=10).topics.get(name)
-        if (
-            found is not None
-            and found.error is None
-            and len(found.partitions) == partitions
-            and all(p.leader >= 0 for p in found.partitions.values())
-        ):
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"topic {name} got no leaders")
+from deploy.topics import create_topic as create_topic  # re-exported for the scenario
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Each filter replaces an upstream broker's host and port with the proxy listener that
 stands for that broker, and tells the topology about the brokers it saw so that the
-listener exists before the client connects to it.
+listener exists before the client connects to it. kio has one class per API version; the
+fields a filter touches have the same names in all of them, hence the untyped entity
+inside each method.
 """
 
 from __future__ import annotations
@@ -11,17 +13,23 @@ from dataclasses import replace
 from typing import Any
 
 from kio.static.primitive import i32
+from kio.static.protocol import ResponsePayload
 
-from proxy.filters.base import FilterContext
+from proxy.kafka.api_keys import ApiKey
+from proxy.runtime.chain import FilterContext
 
-METADATA_KEY = 3
-FIND_COORDINATOR_KEY = 10
-DESCRIBE_CLUSTER_KEY = 60
-PRODUCE_KEY = 0
-FETCH_KEY = 1
-SHARE_FETCH_KEY = 78
-SHARE_ACKNOWLEDGE_KEY = 79
 BROKER_ENDPOINT_TYPE = 1  # DescribeCluster v1+: 1 = brokers, 2 = controllers
+
+
+class _AddressFilter:
+    async def on_response(
+        self, version: int, response: ResponsePayload, context: FilterContext
+    ) -> ResponsePayload:
+        rewritten: ResponsePayload = await self._rewrite(version, response, context)
+        return rewritten
+
+    async def _rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
+        raise NotImplementedError
 
 
 def _to_proxy(entity: Any, node_id: int, context: FilterContext) -> Any:
@@ -29,27 +37,31 @@ def _to_proxy(entity: Any, node_id: int, context: FilterContext) -> Any:
     return replace(entity, host=endpoint.host, port=i32(endpoint.port))
 
 
-class MetadataFilter:
-    api_key: int = METADATA_KEY
+class MetadataFilter(_AddressFilter):
+    response_keys = frozenset({ApiKey.METADATA})
 
-    def wants(self, version: int, payload: bytes, body_start: int, context: FilterContext) -> bool:
+    def wants_response(
+        self, version: int, payload: bytes, body_start: int, context: FilterContext
+    ) -> bool:
         return True
 
-    async def rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
+    async def _rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
         brokers = response.brokers
         await context.topology.observe(((b.node_id, b.host, b.port) for b in brokers), True)
         return replace(response, brokers=tuple(_to_proxy(b, b.node_id, context) for b in brokers))
 
 
-class FindCoordinatorFilter:
+class FindCoordinatorFilter(_AddressFilter):
     """v0-3 carry one coordinator at the top level; v4+ a list of them (KIP-699)."""
 
-    api_key: int = FIND_COORDINATOR_KEY
+    response_keys = frozenset({ApiKey.FIND_COORDINATOR})
 
-    def wants(self, version: int, payload: bytes, body_start: int, context: FilterContext) -> bool:
+    def wants_response(
+        self, version: int, payload: bytes, body_start: int, context: FilterContext
+    ) -> bool:
         return True
 
-    async def rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
+    async def _rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
         if version < 4:
             if response.node_id < 0:  # an error answer carries no coordinator
                 return response
@@ -68,13 +80,15 @@ class FindCoordinatorFilter:
         )
 
 
-class DescribeClusterFilter:
-    api_key: int = DESCRIBE_CLUSTER_KEY
+class DescribeClusterFilter(_AddressFilter):
+    response_keys = frozenset({ApiKey.DESCRIBE_CLUSTER})
 
-    def wants(self, version: int, payload: bytes, body_start: int, context: FilterContext) -> bool:
+    def wants_response(
+        self, version: int, payload: bytes, body_start: int, context: FilterContext
+    ) -> bool:
         return True
 
-    async def rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
+    async def _rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
         # Controllers (KIP-919 bootstrap) are not proxied; their addresses pass as they are.
         if getattr(response, "endpoint_type", BROKER_ENDPOINT_TYPE) != BROKER_ENDPOINT_TYPE:
             return response
@@ -83,24 +97,26 @@ class DescribeClusterFilter:
         return replace(response, brokers=tuple(_to_proxy(b, b.broker_id, context) for b in brokers))
 
 
-class NodeEndpointsFilter:
+class NodeEndpointsFilter(_AddressFilter):
     """KIP-951: responses that name the new leader's endpoint after a leadership change.
 
     These are large responses (Fetch carries records), so they are decoded only when the
     raw bytes contain an upstream host name at all, which is how an endpoint would appear.
     """
 
-    def __init__(self, api_key: int, first_version: int) -> None:
-        self.api_key = api_key
+    def __init__(self, api_key: ApiKey, first_version: int) -> None:
+        self.response_keys = frozenset({api_key})
         self.first_version = first_version
 
-    def wants(self, version: int, payload: bytes, body_start: int, context: FilterContext) -> bool:
+    def wants_response(
+        self, version: int, payload: bytes, body_start: int, context: FilterContext
+    ) -> bool:
         if version < self.first_version:
             return False
         hosts = context.topology.upstream_hosts()
         return any(payload.find(host, body_start) >= 0 for host in hosts)
 
-    async def rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
+    async def _rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
         endpoints = getattr(response, "node_endpoints", ())
         if not endpoints:
             return response

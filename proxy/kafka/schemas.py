@@ -21,7 +21,7 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-API_VERSIONS_KEY = 18
+from proxy.kafka.api_keys import ApiKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class VersionRange:
 
 # Produce v13 names topics by id only; dedup state, policies and the upstream writer key on
 # topic names, so the proxy offers Produce up to v12 (every client negotiates down).
-_VERSION_CAPS = {0: 12}
+_VERSION_CAPS: dict[int, int] = {ApiKey.PRODUCE: 12}
 
 
 def _decodable_versions() -> dict[int, VersionRange]:

@@ -20,8 +20,8 @@ from kio.serial.readers import (
     read_unsigned_varint,
 )
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.schemas import (
-    API_VERSIONS_KEY,
     DECODABLE_VERSIONS,
     api_name,
     request_header_is_flexible,
@@ -30,7 +30,6 @@ from proxy.kafka.schemas import (
 
 _SIZE = struct.Struct(">i")
 _REQUEST_PREFIX = struct.Struct(">hhi")
-PRODUCE_KEY = 0
 _DECODE_ERRORS = (DecodeError, ValueError, IndexError, UnicodeDecodeError)
 
 
@@ -89,7 +88,7 @@ def parse_request_header(payload: bytes) -> RequestHeader:
     if supported is None:
         raise UnsupportedRequest(f"unknown API key {api_key}")
     # A too-new ApiVersions request is legal: it is answered with version negotiation.
-    too_new_api_versions = api_key == API_VERSIONS_KEY and api_version > supported.max
+    too_new_api_versions = api_key == ApiKey.API_VERSIONS and api_version > supported.max
     if api_version not in supported and not too_new_api_versions:
         raise UnsupportedRequest(f"{api_name(api_key)} v{api_version} is not supported")
     offset = _REQUEST_PREFIX.size
@@ -115,6 +114,11 @@ def _skip_tagged_fields(buffer: bytes, offset: int) -> int:
         length, size = read_unsigned_varint(buffer, offset)
         offset += size + length
     return offset
+
+
+def expects_response(header: RequestHeader, payload: bytes) -> bool:
+    """Whether Kafka answers this request: every request does, except Produce with acks=0."""
+    return header.api_key != ApiKey.PRODUCE or produce_acks(payload, header) != 0
 
 
 def produce_acks(payload: bytes, header: RequestHeader) -> int:

@@ -1,21 +1,25 @@
-"""The admin HTTP port: /metrics (Prometheus), /healthz, and the dedup API under /v1."""
+"""The admin HTTP port: /metrics (Prometheus), /healthz, and the routes plugged-in layers
+mount (dedup's API under /v1)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from dedup.admin_api import add_dedup_routes
 from proxy.runtime.server import ProxyServer
 
 # The upstream view is stale after this many missed refreshes: report unhealthy.
 _STALE_REFRESHES = 3
 
 
-def build_admin_app(server: ProxyServer) -> web.Application:
+AdminRoutes = Callable[[web.Application], None]
+
+
+def build_admin_app(server: ProxyServer, routes: Sequence[AdminRoutes] = ()) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -36,12 +40,13 @@ def build_admin_app(server: ProxyServer) -> web.Application:
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
-    add_dedup_routes(app, server.dedup)
+    for add_routes in routes:
+        add_routes(app)
     return app
 
 
-async def start_admin(server: ProxyServer) -> web.AppRunner:
-    runner = web.AppRunner(build_admin_app(server), access_log=None)
+async def start_admin(server: ProxyServer, routes: Sequence[AdminRoutes] = ()) -> web.AppRunner:
+    runner = web.AppRunner(build_admin_app(server, routes), access_log=None)
     await runner.setup()
     endpoint = server.settings.admin_endpoint
     await web.TCPSite(runner, endpoint.host, endpoint.port).start()

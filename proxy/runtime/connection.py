@@ -4,7 +4,9 @@ Requests are forwarded as soon as they arrive (pipelining is kept: the client's 
 max.in.flight decides, bounded by ``max_in_flight_per_connection``). Every request that
 expects an answer gets a future in an ordered queue, and a single writer sends the
 answers back in request order, which is the order Kafka promises per connection.
-Responses pass byte-for-byte unless a response filter for their API rewrites them.
+What a request or response becomes is the filter chain's decision (`proxy.runtime.chain`);
+this module knows no API: requests and responses of keys no filter handles pass
+byte-for-byte.
 """
 
 from __future__ import annotations
@@ -13,26 +15,30 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import structlog
+from kio.static.protocol import ResponsePayload
 
-from proxy.filters import FilterContext, ResponseFilter, apply_response_filter
-from proxy.filters.api_versions import unsupported_api_versions_body
-from proxy.kafka.schemas import API_VERSIONS_KEY, DECODABLE_VERSIONS
-from proxy.kafka.topology import Endpoint
+from proxy.kafka.topology import Endpoint, Topology
 from proxy.kafka.wire import (
-    PRODUCE_KEY,
     FrameError,
     RequestHeader,
     correlation_id_of,
+    expects_response,
     parse_request_header,
-    produce_acks,
     read_frame,
 )
 from proxy.runtime import metrics
+from proxy.runtime.chain import (
+    Close,
+    FilterChain,
+    FilterContext,
+    Forward,
+    RequestFrame,
+    encode_response,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -59,24 +65,21 @@ class ConnectionSettings:
 UpstreamResolver = Callable[[], Awaitable[list[Endpoint]]]
 
 
-class ProduceHandler(Protocol):
-    async def take(
-        self, header: RequestHeader, payload: bytes, broker: Endpoint
-    ) -> asyncio.Future[bytes] | None:
-        """None: forward as is; else the future of the answer the proxy makes itself."""
-        ...
+class ClientClosedByFilter(Exception):
+    """A request filter decided to close the client connection."""
 
 
-def _log_unanswered_failure(task: asyncio.Future[bytes]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("acks=0 produce failed", error=repr(task.exception()))
+def _log_unanswered_failure(answer: asyncio.Future[ResponsePayload]) -> None:
+    if not answer.cancelled() and answer.exception() is not None:
+        log.error("a request answered by the proxy failed", error=repr(answer.exception()))
 
 
 @dataclass(slots=True)
 class _Pending:
     header: RequestHeader
-    answer: asyncio.Future[bytes]
-    from_upstream: bool = True  # answers the proxy makes itself need no filtering
+    # Kafka's answer (raw payload), or else the answer a filter makes itself (an entity)
+    upstream: asyncio.Future[bytes] | None
+    local: asyncio.Future[ResponsePayload] | None = None
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -89,20 +92,17 @@ class ClientConnection:
         client_writer: asyncio.StreamWriter,
         listener: str,
         resolve_upstream: UpstreamResolver,
-        filters: Mapping[int, ResponseFilter],
-        filter_context: FilterContext,
+        chain: FilterChain,
+        topology: Topology,
         settings: ConnectionSettings,
-        produce_handler: ProduceHandler | None = None,
     ) -> None:
         self._client_reader = client_reader
         self._client_writer = client_writer
         self._listener = listener
         self._resolve_upstream = resolve_upstream
-        self._filters = filters
-        self._filter_context = filter_context
+        self._chain = chain
+        self._context = FilterContext(topology, listener=listener)
         self._settings = settings
-        self._produce_handler = produce_handler
-        self._upstream_endpoint: Endpoint | None = None
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._answers: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._awaiting_upstream: deque[_Pending] = deque()
@@ -173,7 +173,7 @@ class ClientConnection:
                     asyncio.open_connection(endpoint.host, endpoint.port),
                     self._settings.connect_timeout_s,
                 )
-                self._upstream_endpoint = endpoint
+                self._context = FilterContext(self._context.topology, endpoint, self._listener)
                 return streams
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{endpoint}: {exc or type(exc).__name__}")
@@ -181,6 +181,7 @@ class ClientConnection:
 
     async def _relay_requests(self, upstream: asyncio.StreamWriter) -> None:
         reader = self._client_reader
+        chain = self._chain
         while True:
             payload = await read_frame(reader, self._settings.max_frame_bytes)
             if payload is None:
@@ -189,22 +190,20 @@ class ClientConnection:
             api = metrics.for_api(header.api_key)
             api.requests.inc()
             api.bytes_in.inc(len(payload) + 4)
-            if header.api_key == API_VERSIONS_KEY and (
-                header.api_version > DECODABLE_VERSIONS[API_VERSIONS_KEY].max
-            ):
-                self._answer_locally(header, unsupported_api_versions_body())
-                continue
-            expects_answer = header.api_key != PRODUCE_KEY or produce_acks(payload, header) != 0
-            if header.api_key == PRODUCE_KEY and self._produce_handler is not None:
-                assert self._upstream_endpoint is not None
-                taken = await self._produce_handler.take(header, payload, self._upstream_endpoint)
-                if taken is not None:
+            expects_answer = expects_response(header, payload)
+            if chain.filters_request(header.api_key):
+                frame = RequestFrame(header, payload)
+                decision = await chain.on_request(frame, self._context)
+                if isinstance(decision, Close):
+                    raise ClientClosedByFilter(decision.reason)
+                if not isinstance(decision, Forward):  # the filter answers the client itself
                     if expects_answer:
                         await self._in_flight.acquire()
-                        self._answers.put_nowait(_Pending(header, taken, from_upstream=False))
+                        self._answers.put_nowait(_Pending(header, None, decision.answer))
                     else:
-                        taken.add_done_callback(_log_unanswered_failure)
+                        decision.answer.add_done_callback(_log_unanswered_failure)
                     continue
+                payload = chain.encode_request(frame, decision)
             if expects_answer:
                 await self._in_flight.acquire()
                 pending = _Pending(header, asyncio.get_running_loop().create_future())
@@ -213,11 +212,6 @@ class ClientConnection:
             upstream.write(len(payload).to_bytes(4, "big"))
             upstream.write(payload)
             await upstream.drain()
-
-    def _answer_locally(self, header: RequestHeader, body: bytes) -> None:
-        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        answer.set_result(header.correlation_id.to_bytes(4, "big", signed=True) + body)
-        self._answers.put_nowait(_Pending(header, answer, from_upstream=False))
 
     async def _relay_upstream(self, upstream: asyncio.StreamReader) -> None:
         while True:
@@ -233,7 +227,8 @@ class ClientConnection:
                     f"upstream answered correlation id {correlation_id}, "
                     f"expected {pending.header.correlation_id}"
                 )
-            pending.answer.set_result(payload)
+            assert pending.upstream is not None  # only those wait on upstream
+            pending.upstream.set_result(payload)
 
     async def _send_answers(self) -> None:
         client = self._client_writer
@@ -241,10 +236,14 @@ class ClientConnection:
             pending = await self._answers.get()
             if pending is None:
                 return
-            payload = await pending.answer
             header = pending.header
-            if pending.from_upstream:
-                payload = await self._filter(header, payload)
+            if pending.upstream is not None:
+                payload = await self._chain.on_response(
+                    header, await pending.upstream, self._context
+                )
+            else:
+                assert pending.local is not None
+                payload = encode_response(header.correlation_id, await pending.local)
             if client.is_closing():
                 raise ConnectionResetError("client connection closed")
             client.write(len(payload).to_bytes(4, "big"))
@@ -255,23 +254,12 @@ class ClientConnection:
             self._in_flight.release()
             await client.drain()
 
-    async def _filter(self, header: RequestHeader, payload: bytes) -> bytes:
-        response_filter = self._filters.get(header.api_key)
-        if response_filter is None:
-            return payload
-        return await apply_response_filter(
-            response_filter,
-            self._filter_context,
-            header.api_version,
-            header.flexible_response,
-            payload,
-        )
-
     def _fail_waiting(self, error: Exception) -> None:
         for pending in self._awaiting_upstream:
-            if not pending.answer.done():
-                pending.answer.set_exception(error)
-                pending.answer.exception()  # mark retrieved: nobody waits any more
+            answer = pending.upstream
+            if answer is not None and not answer.done():
+                answer.set_exception(error)
+                answer.exception()  # mark retrieved: nobody waits any more
         self._awaiting_upstream.clear()
 
     def _log_end(self, task: asyncio.Task[None]) -> None:
@@ -285,6 +273,9 @@ class ClientConnection:
         elif side == "client" and isinstance(error, FrameError):
             metrics.CLIENT_ERRORS.labels(type(error).__name__).inc()
             self.log.warning("closing client after bad input", error=str(error))
+        elif side == "client" and isinstance(error, ClientClosedByFilter):
+            metrics.CLIENT_ERRORS.labels(type(error).__name__).inc()
+            self.log.warning("closing client as a filter decided", reason=str(error))
         elif side == "upstream" and isinstance(error, UpstreamClosed | ConnectionError):
             metrics.UPSTREAM_ERRORS.labels("disconnect").inc()
             self.log.info("upstream connection ended; closing client", error=str(error))

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Sequence
 
 import structlog
 
-from proxy.runtime.admin import start_admin
+from proxy.runtime.admin import AdminRoutes, start_admin
 from proxy.runtime.server import ProxyServer
-from proxy.runtime.settings import ProxySettings
 
 log = structlog.get_logger(__name__)
 
 
-async def run_proxy(settings: ProxySettings) -> None:
-    server = ProxyServer(settings)
+async def run_proxy(server: ProxyServer, admin_routes: Sequence[AdminRoutes] = ()) -> None:
+    """Serve until SIGINT or SIGTERM, then drain: answers already owed are still sent."""
     await server.start()
-    admin = await start_admin(server)
-    log.info("admin listener open", admin=settings.admin)
+    admin = await start_admin(server, admin_routes)
+    log.info("admin listener open", admin=server.settings.admin)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -11,37 +11,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import structlog
-from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
-from kio.schema.types import TopicName
 
-from dedup.produce_filter import DedupProduceHandler
-from dedup.service import DedupService
-from proxy.filters import FilterContext, default_response_filters
 from proxy.kafka.topology import Endpoint, Topology
-from proxy.kafka.upstream_client import UpstreamClient, fetch_brokers
 from proxy.runtime import metrics
+from proxy.runtime.chain import FilterChain
+from proxy.runtime.cluster import UpstreamCluster
 from proxy.runtime.connection import ClientConnection, ConnectionSettings, UpstreamResolver
 from proxy.runtime.settings import ProxySettings
 
 log = structlog.get_logger(__name__)
 
 
+class Service(Protocol):
+    """Something a plugged-in layer runs beside the listeners (dedup's state, snapshots)."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def topology_of(settings: ProxySettings) -> Topology:
+    return Topology(
+        bootstrap=settings.upstream_endpoints,
+        advertised_host=settings.effective_advertised_host,
+        broker_port_base=settings.effective_broker_port_base,
+        node_id_offset=settings.node_id_offset,
+        advertised_port_base=settings.advertised_broker_port_base,
+    )
+
+
 class ProxyServer:
-    def __init__(self, settings: ProxySettings) -> None:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        cluster: UpstreamCluster,
+        chain: FilterChain,
+        services: Sequence[Service] = (),
+    ) -> None:
         self.settings = settings
-        self.topology = Topology(
-            bootstrap=settings.upstream_endpoints,
-            advertised_host=settings.effective_advertised_host,
-            broker_port_base=settings.effective_broker_port_base,
-            node_id_offset=settings.node_id_offset,
-            advertised_port_base=settings.advertised_broker_port_base,
-        )
+        self.cluster = cluster
+        self.topology = cluster.topology
         self.topology.on_brokers_changed(self._reconcile_listeners)
-        self._filters = default_response_filters()
-        self._filter_context = FilterContext(self.topology)
+        self.chain = chain
+        self._services = list(services)
         self._connection_settings = ConnectionSettings(
             max_frame_bytes=settings.max_frame_bytes,
             max_in_flight=settings.max_in_flight_per_connection,
@@ -52,9 +68,10 @@ class ProxyServer:
         self._connections: dict[ClientConnection, asyncio.Task[None]] = {}
         self._refresh_task: asyncio.Task[None] | None = None
         self._bootstrap_rotation = itertools.count()
-        self.last_refresh_ok: float | None = None
-        self.dedup = DedupService(settings, self._refresh_candidates, self.leader_of)
-        self._produce_handler = DedupProduceHandler(self.dedup.engine)
+
+    @property
+    def last_refresh_ok(self) -> float | None:
+        return self.cluster.last_refresh_ok
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -70,9 +87,10 @@ class ProxyServer:
             broker_port_base=self.topology.broker_port_base,
             upstream=[str(e) for e in self.topology.bootstrap],
         )
-        if not await self.refresh_metadata():
+        if not await self.cluster.refresh_metadata():
             log.warning("upstream not reachable yet; broker listeners open once it answers")
-        await self.dedup.start()
+        for service in self._services:
+            await service.start()
         self._refresh_task = asyncio.create_task(self._refresh_loop(), name="metadata-refresh")
 
     async def shutdown(self) -> None:
@@ -93,8 +111,9 @@ class ProxyServer:
             if late:
                 log.warning("connections closed before answering everything", count=len(late))
                 await asyncio.gather(*late, return_exceptions=True)
-        await self._produce_handler.drain()
-        await self.dedup.close()
+        await self.chain.drain()
+        for service in reversed(self._services):
+            await service.close()
         for server in servers:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
@@ -104,49 +123,10 @@ class ProxyServer:
 
     # ----------------------------------------------------------------- topology
 
-    async def refresh_metadata(self) -> bool:
-        """Ask the upstream cluster for its brokers; True when one of them answered."""
-        for endpoint in self._refresh_candidates():
-            try:
-                brokers = await fetch_brokers(endpoint, self.settings.upstream_connect_timeout_s)
-            except (OSError, TimeoutError, ValueError) as exc:
-                metrics.UPSTREAM_ERRORS.labels("metadata").inc()
-                log.debug("metadata refresh failed", upstream=str(endpoint), error=str(exc))
-                continue
-            await self.topology.observe(brokers, complete=True)
-            self.last_refresh_ok = asyncio.get_running_loop().time()
-            return True
-        return False
-
-    async def leader_of(self, topic: str, partition: int) -> Endpoint | None:
-        """The upstream address of a partition's leader, asked of the cluster now."""
-        request = MetadataRequest(
-            topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
-            allow_auto_topic_creation=False,
-            include_topic_authorized_operations=False,
-        )
-        for endpoint in self._refresh_candidates():
-            try:
-                async with UpstreamClient(endpoint, self.settings.upstream_connect_timeout_s) as c:
-                    response = await c.request(request)
-            except (OSError, TimeoutError):
-                continue
-            brokers = [(int(b.node_id), b.host, int(b.port)) for b in response.brokers]
-            await self.topology.observe(brokers, complete=True)
-            for found in response.topics:
-                for part in found.partitions:
-                    if int(part.partition_index) == partition and part.error_code == 0:
-                        return self.topology.upstream(int(part.leader_id))
-            return None
-        return None
-
-    def _refresh_candidates(self) -> list[Endpoint]:
-        return self.topology.known_upstreams()
-
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.metadata_refresh_s)
-            if not await self.refresh_metadata():
+            if not await self.cluster.refresh_metadata():
                 log.warning("metadata refresh failed on every known upstream broker")
 
     async def _reconcile_listeners(self, node_ids: set[int]) -> None:
@@ -187,7 +167,7 @@ class ProxyServer:
         async def resolve() -> list[Endpoint]:
             endpoint = self.topology.upstream(node_id)
             if endpoint is None:
-                await self.refresh_metadata()
+                await self.cluster.refresh_metadata()
                 endpoint = self.topology.upstream(node_id)
             return [endpoint] if endpoint else []
 
@@ -202,10 +182,9 @@ class ProxyServer:
                 writer,
                 listener,
                 resolve,
-                self._filters,
-                self._filter_context,
+                self.chain,
+                self.topology,
                 self._connection_settings,
-                self._produce_handler,
             )
             task = asyncio.current_task()
             assert task is not None

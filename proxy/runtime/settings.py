@@ -1,14 +1,17 @@
-"""Proxy configuration: defaults, then a TOML file, then environment, then command-line flags.
+"""The proxy runtime's settings, and loading any settings class from its sources.
 
+Sources, lowest first: defaults, a TOML file, the environment, command-line flags.
 Environment variables use the prefix ``DEDUP_PROXY_`` (``DEDUP_PROXY_UPSTREAM``,
-``DEDUP_PROXY_LISTEN``...). A validation error names the field that is wrong.
+``DEDUP_PROXY_LISTEN``...). A validation error names the field that is wrong. Plugged-in
+layers (dedup) define settings classes of their own with the same prefix; the application
+combines them into one flat class, so one file and one environment configure everything.
 """
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -58,44 +61,11 @@ class ProxySettings(BaseSettings):
         "(default: broker_port_base)",
     )
     admin: str = Field(default=DEFAULT_ADMIN, description="admin HTTP listener, HOST:PORT")
-    redis: str = Field(default="redis://127.0.0.1:16379/0", description="Redis URL")
     max_frame_bytes: int = Field(default=KAFKA_DEFAULT_MAX_REQUEST_BYTES, gt=0)
     max_in_flight_per_connection: int = Field(default=64, gt=0)
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
     metadata_refresh_s: float = Field(default=30.0, gt=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
-    dedup: bool = Field(
-        default=True,
-        description="dedup for topics without a policy (the proxy-wide default; --no-dedup)",
-    )
-    dedup_producer_header: str = Field(default="dedup.producer", min_length=1)
-    dedup_sequence_header: str = Field(default="dedup.sequence", min_length=1)
-    redis_key_prefix: str = Field(default="dedup", min_length=1)
-    policy_cache_s: float = Field(
-        default=1.0, ge=0, description="how long a proxy may use policies before re-reading"
-    )
-    max_producers_per_partition: int = Field(default=10_000, gt=0)
-    producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
-    instance_id: str | None = Field(
-        default=None,
-        pattern=r"^[A-Za-z0-9._-]+$",
-        description="stable name of this proxy instance: a restart with the same name fences "
-        "the writes its previous run left in flight (default: from the listen address)",
-    )
-    snapshot_topic: str = Field(default="__dedup_snapshots", pattern=r"^[A-Za-z0-9._-]+$")
-    snapshot_topic_partitions: int = Field(default=1, gt=0)
-    snapshot_every_records: int = Field(default=1000, gt=0)
-    snapshot_every_s: float = Field(default=120.0, gt=0)
-    max_producers_per_snapshot: int = Field(default=10_000, gt=0)
-    ambiguous_write_give_up_s: float = Field(
-        default=120.0,
-        gt=0,
-        description="after this long an ambiguous upstream write is given up on, and its "
-        "partition fenced and recovered from the log",
-    )
-    replay_timeout_s: float = Field(
-        default=60.0, gt=0, description="a replay that makes no progress this long fails"
-    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
 
@@ -148,14 +118,6 @@ class ProxySettings(BaseSettings):
         return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
     @property
-    def effective_instance_id(self) -> str:
-        """The transactional id root of the upstream writer (see dedup.fencing)."""
-        if self.instance_id:
-            return self.instance_id
-        listen = self.listen_endpoint
-        return f"{self.effective_advertised_host}-{listen.port}"
-
-    @property
     def effective_broker_port_base(self) -> int:
         if self.broker_port_base is not None:
             return self.broker_port_base
@@ -174,9 +136,14 @@ class ProxySettings(BaseSettings):
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
 
 
-def load_settings(config_file: Path | None = None, **overrides: Any) -> ProxySettings:
-    """Build the settings; ``overrides`` are command-line flags (None means not given)."""
-    settings_cls: type[ProxySettings] = ProxySettings
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+
+def load_settings(
+    settings_cls: type[SettingsT], config_file: Path | None = None, **overrides: Any
+) -> SettingsT:
+    """Build settings of ``settings_cls``; ``overrides`` are command-line flags (None means
+    not given). Precedence: flags, then environment, then the TOML file, then defaults."""
     if config_file is not None:
         if not config_file.is_file():
             raise ConfigError(f"config file {config_file} does not exist")
@@ -185,11 +152,12 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> ProxySet
                 tomllib.load(handle)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from exc
-
-        class FileSettings(ProxySettings):
-            model_config = SettingsConfigDict(toml_file=config_file)
-
-        settings_cls = FileSettings
+        # A subclass that names the file: the TOML source of settings_customise_sources reads it.
+        settings_cls = type(
+            f"File{settings_cls.__name__}",
+            (settings_cls,),
+            {"model_config": SettingsConfigDict(toml_file=config_file)},
+        )
     try:
         return settings_cls(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:

@@ -1,4 +1,5 @@
-"""A proxy process in front of the local Kafka, plus small helpers the integration tests share."""
+"""Fixtures of the integration tests: the session's proxies in front of the local Kafka, and
+fresh topics. What the tests share besides fixtures is in `tests.support`."""
 
 from __future__ import annotations
 
@@ -11,17 +12,9 @@ from confluent_kafka.admin import AdminClient
 
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from tests.integration.topics import new_topic
-
-# Ports of the test proxy: away from the defaults (so a proxy run by hand stays usable) and
-# below the ephemeral range (so an outgoing connection cannot be holding them).
-TEST_LISTEN_PORT = 28292
-TEST_ADMIN_PORT = 28280
-TEST_BROKER_PORT_BASE = 28293
-TEST_MAX_FRAME_BYTES = 8 * 1024 * 1024
-DEDUP_LISTEN_PORT = 28692
-DEDUP_ADMIN_PORT = 28680
-DEDUP_BROKER_PORT_BASE = 28693
+from tests.support.ports import DEDUP, PASSTHROUGH
+from tests.support.raw import MAX_FRAME_BYTES
+from tests.support.topics import new_topic
 
 
 @pytest.fixture(scope="session")
@@ -40,17 +33,17 @@ def proxy(local_env: EnvInfo, proxy_log: Path, redis_key_prefix: str) -> Iterato
     """The proxy as a pure pass-through (dedup off): what Kafka clients must see unchanged."""
     process = ProxyProcess(
         upstream=local_env.bootstrap,
-        listen_port=TEST_LISTEN_PORT,
-        admin_port=TEST_ADMIN_PORT,
+        listen_port=PASSTHROUGH.listen,
+        admin_port=PASSTHROUGH.admin,
         extra_args=[
             "--broker-port-base",
-            str(TEST_BROKER_PORT_BASE),
+            str(PASSTHROUGH.broker_base),
             "--log-format",
             "json",
             "--no-dedup",
         ],
         env={
-            "DEDUP_PROXY_MAX_FRAME_BYTES": str(TEST_MAX_FRAME_BYTES),
+            "DEDUP_PROXY_MAX_FRAME_BYTES": str(MAX_FRAME_BYTES),
             "DEDUP_PROXY_REDIS": local_env.redis,
             "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
         },
@@ -73,9 +66,9 @@ def dedup_proxy(
     """The proxy with dedup on (the product's default)."""
     process = ProxyProcess(
         upstream=local_env.bootstrap,
-        listen_port=DEDUP_LISTEN_PORT,
-        admin_port=DEDUP_ADMIN_PORT,
-        extra_args=["--broker-port-base", str(DEDUP_BROKER_PORT_BASE), "--log-format", "json"],
+        listen_port=DEDUP.listen,
+        admin_port=DEDUP.admin,
+        extra_args=["--broker-port-base", str(DEDUP.broker_base), "--log-format", "json"],
         env={
             "DEDUP_PROXY_REDIS": local_env.redis,
             "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,

@@ -5,8 +5,8 @@
 - batches librdkafka and the Java client write (idempotent) are read by `read_batches`,
   with implicit identities equal to the producer's own id, epoch and sequences.
 
-The test runs its own Kafka (ports 21092/16779, its own state home) so that it neither
-disturbs nor depends on the shared local environment.
+The test runs its own Kafka (`tests.support.ports.BATCHES_ENV`, its own state home) so that
+it neither disturbs nor depends on the shared local environment.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import kio.schema.produce.v9.request as produce_request
 import kio.schema.produce.v9.response as produce_response
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta, i64
@@ -43,15 +42,14 @@ from dedup.batches import (
     build_batch,
     read_batches,
 )
-from deploy.config import Ports
 from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
+from deploy.topics import create_topic
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import UpstreamClient
+from tests.support.ports import BATCHES_ENV
 
 pytestmark = pytest.mark.integration
 
-KAFKA_PORT = 21092
-REDIS_PORT = 16779
 CODECS = sorted(CODEC_NAMES)
 CODEC_IDS = [CODEC_NAMES[c] for c in CODECS]
 TIMEOUT_S = 30.0
@@ -62,7 +60,7 @@ PREFIX = 111111111  # VerifiableProducer's --value-prefix is an integer
 def own_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnvInfo]:
     environment = LocalEnvironment(
         home=tmp_path_factory.mktemp("batches") / "env",
-        ports=Ports(kafka_base=KAFKA_PORT, redis=REDIS_PORT),
+        ports=BATCHES_ENV,
     )
     try:
         yield environment.up(brokers=1)
@@ -73,9 +71,7 @@ def own_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnvInfo]:
 @pytest.fixture
 def topic(own_kafka: EnvInfo) -> str:
     name = f"batches-{uuid.uuid4().hex[:12]}"
-    admin = AdminClient({"bootstrap.servers": own_kafka.bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)])[name].result(30)
-    return name
+    return create_topic(own_kafka.bootstrap, name, replication_factor=1, timeout_s=30)
 
 
 def endpoint(env: EnvInfo) -> Endpoint:

@@ -83,7 +83,7 @@ def test_chaos_command_writes_the_seed_csv_and_a_plot(
     """The command line end to end (on the environment the module brought up)."""
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "proxy", "chaos", "run", "--scenario", "kill-proxy"),
+            *(sys.executable, "-m", "dedup", "chaos", "run", "--scenario", "kill-proxy"),
             *("--runs", "1", "--messages", "20000", "--fail-at", "12000", "--dedup", "on"),
             *("--results", str(tmp_path), "--keep-env"),
         ],

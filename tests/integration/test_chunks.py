@@ -4,7 +4,7 @@ topic twice, a proxy killed in the middle of a message recovers exactly (from a 
 from a replay, from both), producers interleave, bad chunks are refused; and the Lua check
 against the Python rule (`accept_chunk`) under hypothesis.
 
-This module runs its own proxy processes (ports 29192/29180/29193) on Redis db 9, so
+This module runs its own proxy processes (`tests.support.ports.CHUNKS`) on Redis db 9, so
 flushing Redis here touches no other test's state. Every test reads the topic back straight
 from Kafka.
 """
@@ -50,14 +50,15 @@ from dedup.client import DedupProducer
 from dedup.state import DedupState, PartitionCheck, Persisted, ProducerState, Status
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from tests.integration.raw_requests import produce_request, record_batch
-from tests.integration.restartable import ProxyPorts, RestartableProxy
-from tests.integration.test_dedup import admin_call, produce_raw, read_all
-from tests.integration.topics import new_topic
+from tests.support.kafka_io import read_all
+from tests.support.ports import CHUNKS
+from tests.support.proxy_api import admin_call
+from tests.support.raw import produce_raw, produce_request, record_batch
+from tests.support.restartable import RestartableProxy
+from tests.support.topics import new_topic
 
 pytestmark = pytest.mark.integration
 
-PORTS = ProxyPorts(listen=29192, admin=29180, broker_base=29193)
 REDIS_DB = 9
 INVALID_RECORD = 87
 NOT_ENOUGH_REPLICAS = 19  # the proxy's "not written, retry"
@@ -67,7 +68,7 @@ CHUNK = 100_000  # the chunk size of the kill tests: several chunks, quickly
 @pytest.fixture
 def chunk_proxy(local_env: EnvInfo, tmp_path: Path) -> Iterator[RestartableProxy]:
     proxy = RestartableProxy(
-        local_env, tmp_path, PORTS, REDIS_DB, "chunks", DEDUP_PROXY_POLICY_CACHE_S="0"
+        local_env, tmp_path, CHUNKS, REDIS_DB, "chunks", DEDUP_PROXY_POLICY_CACHE_S="0"
     )
     yield proxy
     proxy.stop()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 
 import pytest
@@ -21,7 +20,9 @@ from kafka.admin import NewTopic as KafkaPythonNewTopic
 
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, java_tool_command
-from tests.integration.conftest import TEST_BROKER_PORT_BASE
+from tests.support.kafka_io import consume_confluent
+from tests.support.ports import PASSTHROUGH
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -42,31 +43,6 @@ def produce_confluent(bootstrap: str, topic: str, values: list[bytes], **config:
     assert errors == []
 
 
-def consume_confluent(bootstrap: str, topic: str, count: int, group: str | None = None) -> list:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group or f"g-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    messages = []
-    try:
-        for _ in range(600):
-            if len(messages) >= count:
-                break
-            for message in consumer.consume(500, timeout=0.5):
-                assert message.error() is None, message.error()
-                messages.append(message)
-        if group is not None:
-            consumer.commit(asynchronous=False)
-    finally:
-        consumer.close()
-    return messages
-
-
 def test_metadata_through_the_proxy_names_only_proxy_addresses(
     proxy: ProxyProcess, local_env: EnvInfo, topic: str
 ) -> None:
@@ -79,7 +55,7 @@ def test_metadata_through_the_proxy_names_only_proxy_addresses(
     )
     metadata = json.loads(listing.stdout)
     advertised = {broker["name"] for broker in metadata["brokers"]}
-    expected = {f"127.0.0.1:{TEST_BROKER_PORT_BASE + node}" for node in local_env.brokers}
+    expected = {f"127.0.0.1:{PASSTHROUGH.broker_base + node}" for node in local_env.brokers}
     assert advertised == expected
     assert not advertised & set(local_env.brokers.values())
     assert [t["topic"] for t in metadata["topics"]] == [topic]
@@ -204,12 +180,13 @@ def test_admin_operations_through_the_proxy(proxy: ProxyProcess, local_env: EnvI
 
     cluster = admin.describe_cluster().result(30)
     addresses = {f"{node.host}:{node.port}" for node in cluster.nodes}
-    assert addresses == {f"127.0.0.1:{TEST_BROKER_PORT_BASE + n}" for n in local_env.brokers}
+    assert addresses == {f"127.0.0.1:{PASSTHROUGH.broker_base + n}" for n in local_env.brokers}
 
     admin.delete_topics([name])[name].result(30)
     direct = AdminClient({"bootstrap.servers": local_env.bootstrap})
-    for _ in range(50):
-        if name not in direct.list_topics(timeout=30).topics:
-            break
-        time.sleep(0.2)
+    wait_until(
+        lambda: name not in direct.list_topics(timeout=30).topics,
+        10,
+        f"{name} is gone from the metadata",
+    )
     assert name not in direct.list_topics(timeout=30).topics

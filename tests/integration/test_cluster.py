@@ -6,7 +6,6 @@ other tests share is left alone; it is stopped again at the end to give back its
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,23 +14,20 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from deploy import paths
-from deploy.config import Ports
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
-from tests.integration.load import BackgroundProducer, SequencedProducer
-from tests.integration.test_clients import consume_confluent
-from tests.integration.test_dedup import assert_exactly_once_in_order, values
-from tests.integration.topics import new_topic
+from tests.support.kafka_io import assert_exactly_once_in_order, consume_confluent, values
+from tests.support.load import BackgroundProducer, SequencedProducer
+from tests.support.ports import CLUSTER_ENV, CLUSTER_PROXY
+from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
-
-CLUSTER_PORTS = Ports(kafka_base=20092, redis=16479)
-PROXY_LISTEN, PROXY_ADMIN, PROXY_BROKER_BASE = 28492, 28480, 28493
 
 
 @pytest.fixture(scope="module")
 def three_brokers() -> Iterator[tuple[LocalEnvironment, EnvInfo]]:
-    environment = LocalEnvironment(home=paths.state_home().parent / "test-3", ports=CLUSTER_PORTS)
+    environment = LocalEnvironment(home=paths.state_home().parent / "test-3", ports=CLUSTER_ENV)
     info = environment.up(brokers=3)
     yield environment, info
     environment.down()
@@ -40,15 +36,6 @@ def three_brokers() -> Iterator[tuple[LocalEnvironment, EnvInfo]]:
 def listeners(proxy: ProxyProcess) -> set[int]:
     health = proxy.health() or {}
     return {int(node) for node in health.get("broker_listeners", {})}
-
-
-def wait_until(condition: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if callable(condition) and condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting until {what}")
 
 
 def replicated_topic(info: EnvInfo) -> tuple[str, int]:
@@ -62,9 +49,9 @@ def cluster_proxy(info: EnvInfo, log_dir: Path) -> ProxyProcess:
     """The proxy in front of the three brokers, dedup on, state of this test only."""
     return ProxyProcess(
         upstream=info.bootstrap,
-        listen_port=PROXY_LISTEN,
-        admin_port=PROXY_ADMIN,
-        extra_args=["--broker-port-base", str(PROXY_BROKER_BASE)],
+        listen_port=CLUSTER_PROXY.listen,
+        admin_port=CLUSTER_PROXY.admin,
+        extra_args=["--broker-port-base", str(CLUSTER_PROXY.broker_base)],
         env={
             "DEDUP_PROXY_METADATA_REFRESH_S": "1",
             "DEDUP_PROXY_REDIS": info.redis,

@@ -7,20 +7,17 @@ order, not just counts.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import kio.schema.produce.v9.request as produce_v9
-import kio.schema.produce.v9.response as produce_v9_response
 import pytest
 import redis.asyncio
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -29,78 +26,34 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
-    NewTopic,
 )
 
 from dedup.client import DedupProducer
 from dedup.state import DedupState, PartitionCheck
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, java_tool_command
+from deploy.topics import create_topic
 from proxy.kafka.schemas import decode_response_body
 from proxy.kafka.upstream_client import encode_request
-from tests.integration.raw_requests import (
+from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all, values
+from tests.support.ports import IDLE_PURGE, RELAY_BOOTSTRAP, RELAY_BROKER_BASE, RELAYED
+from tests.support.proxy_api import admin_call
+from tests.support.raw import (
     explicit_batch,
     identity_batch,
+    produce_raw,
     produce_request,
+    read_response,
     record_batch,
 )
-from tests.integration.relay import Relay
-from tests.integration.topics import new_topic
+from tests.support.relay import Relay
+from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
-NOT_LEADER_OR_FOLLOWER = 6
-RELAY_BOOTSTRAP, RELAY_BROKER_BASE = 28892, 28893
-RELAYED_LISTEN, RELAYED_ADMIN, RELAYED_BROKER_BASE = 28792, 28780, 28793
-
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def read_all(
-    bootstrap: str, topic: str, partition: int = 0
-) -> list[tuple[bytes, dict[str, bytes]]]:
-    """Every record of the partition, read straight from Kafka: (value, headers)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"r-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-        consumer.assign([TopicPartition(topic, partition, 0)])
-        records: list[tuple[bytes, dict[str, bytes]]] = []
-        deadline = time.monotonic() + 60
-        # Offsets are not all records: the proxy's fence leaves transaction markers.
-        while time.monotonic() < deadline:
-            (position,) = consumer.position([TopicPartition(topic, partition)])
-            if position.offset >= high:
-                break
-            for message in consumer.consume(1000, 0.5):
-                assert message.error() is None, message.error()
-                records.append((message.value(), dict(message.headers() or [])))
-        return records
-    finally:
-        consumer.close()
-
-
-def values(bootstrap: str, topic: str) -> list[bytes]:
-    return [value for value, _ in read_all(bootstrap, topic)]
-
-
-def assert_exactly_once_in_order(written: list[bytes], total: int) -> None:
-    """The topic holds 0..total-1, each once, in order; else say what is wrong, briefly."""
-    numbers = [int(v) for v in written]
-    seen: set[int] = set()
-    duplicates = [n for n in numbers if n in seen or seen.add(n)]  # type: ignore[func-returns-value]
-    missing = sorted(set(range(total)) - seen)
-    jumps = [(a, b) for a, b in itertools.pairwise(numbers) if b != a + 1]
-    assert (duplicates, missing[:20], jumps[:20]) == ([], [], []), (
-        f"{len(duplicates)} duplicates {duplicates[:10]}, {len(missing)} missing, "
-        f"{len(jumps)} jumps"
-    )
 
 
 def send_all(producer: DedupProducer, topic: str, sequences: Sequence[int]) -> None:
@@ -123,29 +76,6 @@ def explicit_request(
     return produce_request(topic, {0: explicit_batch(identities, value_size)})
 
 
-def produce_raw(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any:
-    """Send one Produce request to the proxy's broker 0 listener; the partition's answer.
-    Retried, as every client does, while the answer is NOT_LEADER_OR_FOLLOWER (the proxy
-    recovers a partition's dedup state before its first write)."""
-    deadline = time.monotonic() + 60
-    while True:
-        answer = _produce_once(proxy, request)
-        if answer.error_code != NOT_LEADER_OR_FOLLOWER or time.monotonic() > deadline:
-            return answer
-        time.sleep(0.1)
-
-
-def _produce_once(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any:
-    port = proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
-        sock.sendall(encode_request(request, 1))
-        size = int.from_bytes(_receive(sock, 4), "big")
-        frame = _receive(sock, size)
-    response = decode_response_body(0, 9, frame, 5)  # v9: flexible header, no tagged fields
-    assert isinstance(response, produce_v9_response.ProduceResponse)
-    return response.responses[0].partition_responses[0]
-
-
 def first_offset(bootstrap: str, topic: str) -> int:
     """The offset of the partition's first record (the proxy's fence may come before it)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"o-{uuid.uuid4().hex}"})
@@ -159,24 +89,6 @@ def first_offset(bootstrap: str, topic: str) -> int:
         raise AssertionError(f"{topic} has no record")
     finally:
         consumer.close()
-
-
-def _receive(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        assert chunk, "connection closed"
-        data += chunk
-    return data
-
-
-def admin_call(
-    proxy: ProxyProcess, method: str, path: str, body: dict[str, Any] | None = None
-) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"{proxy.admin_url}{path}", data=data, method=method)
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        return json.load(answer)
 
 
 def recover(proxy: ProxyProcess, topic: str, partition: int = 0) -> int:
@@ -302,15 +214,17 @@ def test_policy_priority_require_and_disable_clears(
     dedup_proxy: ProxyProcess, local_env: EnvInfo, redis_key_prefix: str
 ) -> None:
     prefix = f"pol{uuid.uuid4().hex[:6]}-"
-    admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
     by_prefix, by_topic, by_global = f"{prefix}a", f"{prefix}b", f"other-{uuid.uuid4().hex[:8]}"
     for name in (by_prefix, by_topic, by_global):
-        admin.create_topics([NewTopic(name, 1, replication_factor=-1)])[name].result(30)
+        create_topic(local_env.bootstrap, name, timeout_s=30)
     try:
         admin_call(dedup_proxy, "PUT", "/v1/policies/global", {"mode": "disabled"})
         admin_call(dedup_proxy, "PUT", f"/v1/policies/prefixes/{prefix}", {"mode": "enabled"})
         admin_call(dedup_proxy, "PUT", f"/v1/policies/topics/{by_topic}", {"mode": "disabled"})
-        time.sleep(1.5)  # policies are cached for a second
+        wait_for_policies(
+            dedup_proxy,
+            {"global": "disabled", f"prefix {prefix}": "enabled", f"topic {by_topic}": "disabled"},
+        )
         for name in (by_prefix, by_topic, by_global):
             for _ in range(2):
                 produce_raw(dedup_proxy, explicit_request(name, [("p-pol", 7)]))
@@ -319,7 +233,7 @@ def test_policy_priority_require_and_disable_clears(
         assert len(values(local_env.bootstrap, by_global)) == 2  # global beats the default
 
         admin_call(dedup_proxy, "PUT", f"/v1/policies/topics/{by_topic}", {"mode": "require"})
-        time.sleep(1.5)
+        wait_for_policies(dedup_proxy, {f"topic {by_topic}": "require"})
         anonymous = produce_raw(
             dedup_proxy,
             produce_request(by_topic, {0: record_batch([(b"anon", [])])}),
@@ -340,7 +254,26 @@ def test_policy_priority_require_and_disable_clears(
         admin_call(dedup_proxy, "DELETE", "/v1/policies/global")
         admin_call(dedup_proxy, "DELETE", f"/v1/policies/prefixes/{prefix}")
         admin_call(dedup_proxy, "DELETE", f"/v1/policies/topics/{by_topic}")
-        time.sleep(1.5)
+        wait_for_policies(
+            dedup_proxy, {"global": None, f"prefix {prefix}": None, f"topic {by_topic}": None}
+        )
+
+
+def wait_for_policies(proxy: ProxyProcess, expected: dict[str, str | None]) -> None:
+    """Until the proxy reads these modes: keys "global", "prefix <p>" and "topic <t>", None
+    for no policy. Its produce path then does too: a change through the admin API refreshes
+    the proxy's cached policies, and the dedup proxies here re-read them for every request."""
+
+    def modes() -> dict[str, str | None]:
+        found = admin_call(proxy, "GET", "/v1/policies")
+        named = {
+            "global": found["global"],
+            **{f"prefix {name}": mode for name, mode in found["prefixes"].items()},
+            **{f"topic {name}": mode for name, mode in found["topics"].items()},
+        }
+        return {key: named.get(key) for key in expected}
+
+    wait_until(lambda: modes() == expected, 10, lambda: f"the policies are {expected}")
 
 
 def test_unique_producer_names(dedup_proxy: ProxyProcess) -> None:
@@ -362,15 +295,15 @@ def relayed(
     nodes = sorted(local_env.brokers)
     relay = Relay(
         {
-            RELAY_BOOTSTRAP: RELAYED_LISTEN,
-            **{RELAY_BROKER_BASE + n: RELAYED_BROKER_BASE + n for n in nodes},
+            RELAY_BOOTSTRAP: RELAYED.listen,
+            **{RELAY_BROKER_BASE + n: RELAYED.broker_base + n for n in nodes},
         }
     ).start()
     proxy = ProxyProcess(
         upstream=local_env.bootstrap,
-        listen_port=RELAYED_LISTEN,
-        admin_port=RELAYED_ADMIN,
-        extra_args=["--broker-port-base", str(RELAYED_BROKER_BASE)],
+        listen_port=RELAYED.listen,
+        admin_port=RELAYED.admin,
+        extra_args=["--broker-port-base", str(RELAYED.broker_base)],
         env={
             "DEDUP_PROXY_ADVERTISED_BROKER_PORT_BASE": str(RELAY_BROKER_BASE),
             "DEDUP_PROXY_REDIS": local_env.redis,
@@ -506,7 +439,11 @@ def test_java_idempotent_verifiable_producer_through_cuts(
     runner = threading.Thread(target=run)
     relay.cuts = 0
     runner.start()
-    time.sleep(2)  # the JVM starts and gets going
+    wait_until(  # the JVM starts and gets going
+        lambda: end_offset(local_env.bootstrap, topic) > 0 or not runner.is_alive(),
+        120,
+        "the Java producer has written its first records",
+    )
     cut_while(relay, runner, every_s=0.5, limit=5)
     runner.join(300)
     events = [json.loads(line) for line in output if line.startswith("{")]
@@ -525,9 +462,9 @@ def test_idle_producers_are_purged(
 ) -> None:
     proxy = ProxyProcess(
         upstream=local_env.bootstrap,
-        listen_port=28992,
-        admin_port=28980,
-        extra_args=["--broker-port-base", "28993"],
+        listen_port=IDLE_PURGE.listen,
+        admin_port=IDLE_PURGE.admin,
+        extra_args=["--broker-port-base", str(IDLE_PURGE.broker_base)],
         env={
             "DEDUP_PROXY_REDIS": local_env.redis,
             "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
@@ -540,17 +477,19 @@ def test_idle_producers_are_purged(
         send_all(DedupProducer(proxy.bootstrap, "p-idle"), topic, [0, 1])
         path = f"/v1/topics/{topic}/partitions/0/producers"
         assert "p-idle" in admin_call(proxy, "GET", path)["producers"]
-        deadline = time.monotonic() + 20
-        while admin_call(proxy, "GET", path)["producers"]:
-            assert time.monotonic() < deadline, "the idle producer was never purged"
-            time.sleep(0.5)
+        wait_until(
+            lambda: not admin_call(proxy, "GET", path)["producers"],
+            20,
+            "the idle producer is purged",
+            interval_s=0.5,
+        )
         assert "purged idle producers" in (tmp_path / "proxy.log").read_text()
     finally:
         assert proxy.stop() == 0
 
 
 def test_policy_and_producers_cli(dedup_proxy: ProxyProcess, local_env: EnvInfo) -> None:
-    cli = [sys.executable, "-m", "proxy"]
+    cli = [sys.executable, "-m", "dedup"]
     admin = ["--admin-url", dedup_proxy.admin_url]
     topic = new_topic(local_env.bootstrap)
 
@@ -600,7 +539,7 @@ def test_bad_input_refuses_only_that_partition(
     port = dedup_proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(encode_request(request, 1))
-        frame = _receive(sock, int.from_bytes(_receive(sock, 4), "big"))
+        frame = read_response(sock)
     answers = {
         int(p.index): p
         for p in decode_response_body(0, 9, frame, 5).responses[0].partition_responses
@@ -644,7 +583,7 @@ def test_pipelined_requests_of_one_producer_reach_the_log_in_order(
         sock.sendall(b"".join(frames))
         answers = []
         for _ in range(requests):
-            frame = _receive(sock, int.from_bytes(_receive(sock, 4), "big"))
+            frame = read_response(sock)
             answers.append(decode_response_body(0, 9, frame, 5).responses[0].partition_responses[0])
     assert [a.error_code for a in answers] == [0] * requests
     assert [a.base_offset for a in answers] == [start + n * per_request for n in range(requests)]

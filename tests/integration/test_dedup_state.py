@@ -2,7 +2,8 @@
 the per-record rules, eviction, purge, recovery, 64-bit boundaries, one round trip per call,
 races between two proxies, and a property test of the Lua scripts against a Python model.
 
-This module runs its own throwaway redis-server (port 16679), not the shared local environment.
+This module runs its own throwaway redis-server (`tests.support.ports.DEDUP_STATE_REDIS`), not
+the shared local environment.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from dedup.state import (
     ProducerState,
     Status,
 )
+from tests.support.ports import DEDUP_STATE_REDIS as REDIS_PORT
 
 pytestmark = pytest.mark.integration
 
-REDIS_PORT = 16679
 NOT_DUP, DUP, UNKNOWN = Status.NOT_DUP, Status.DUP, Status.UNKNOWN
 
 

@@ -18,7 +18,7 @@ def test_demo_small_is_exact_through_the_proxy_and_not_in_the_control(
     local_env: EnvInfo, tmp_path: Path
 ) -> None:
     report_path, work = tmp_path / "report.json", tmp_path / "work"
-    command = [sys.executable, "-m", "proxy", "demo", "--small", "--report", str(report_path)]
+    command = [sys.executable, "-m", "dedup", "demo", "--small", "--report", str(report_path)]
     result = subprocess.run(
         [*command, "--work-dir", str(work)],
         capture_output=True,

@@ -16,11 +16,17 @@ from kio.static.primitive import i32, i32Timedelta, i64
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
 from proxy.kafka.upstream_client import encode_request
-from tests.integration.load import BackgroundProducer
-from tests.integration.test_clients import consume_confluent
-from tests.integration.test_protocol import correlation_id, read_response
+from tests.support.kafka_io import consume_confluent
+from tests.support.load import BackgroundProducer
+from tests.support.ports import SHUTDOWN
+from tests.support.proxy_api import metric_total
+from tests.support.raw import correlation_id, read_response
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
+
+UPSTREAM_DISCONNECTS = 'dedup_proxy_upstream_errors_total{kind="disconnect"}'
+FETCHES = 'dedup_proxy_requests_total{api="fetch"}'
 
 
 def test_broker_restart_under_load_clients_recover_through_the_proxy(
@@ -34,8 +40,13 @@ def test_broker_restart_under_load_clients_recover_through_the_proxy(
     producer = BackgroundProducer(proxy.bootstrap, topic, total).start()
     producer.wait_delivered(500)
     (node_id,) = local_env.brokers
+    disconnects = metric_total(proxy, UPSTREAM_DISCONNECTS)
     local_environment.kill_broker(node_id)
-    time.sleep(3)
+    wait_until(
+        lambda: metric_total(proxy, UPSTREAM_DISCONNECTS) > disconnects,
+        30,
+        "the proxy sees its upstream connections end",
+    )
     local_environment.start_broker(node_id)
     producer.join()
     values = [m.value() for m in consume_confluent(proxy.bootstrap, topic, total)]
@@ -68,14 +79,19 @@ def test_graceful_shutdown_answers_requests_in_flight(
     """SIGTERM while a Fetch long-polls upstream: the answer still reaches the client."""
     second = ProxyProcess(
         upstream=local_env.bootstrap,
-        listen_port=28392,
-        admin_port=28380,
-        extra_args=["--broker-port-base", "28393"],
+        listen_port=SHUTDOWN.listen,
+        admin_port=SHUTDOWN.admin,
+        extra_args=["--broker-port-base", str(SHUTDOWN.broker_base)],
         log_path=tmp_path / "proxy.log",
     ).start()
     with socket.create_connection(("127.0.0.1", second.listen_port), timeout=30) as sock:
         sock.sendall(encode_request(long_poll_fetch(topic, 3000), 41))
-        time.sleep(0.5)  # the request is now waiting inside Kafka
+        wait_until(  # read and passed on: the request is now waiting inside Kafka
+            lambda: metric_total(second, FETCHES) >= 1,
+            10,
+            "the proxy has passed the Fetch on",
+            interval_s=0.05,
+        )
         started = time.monotonic()
         stopper = threading.Thread(target=second.stop)
         stopper.start()

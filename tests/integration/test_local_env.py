@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import redis
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from deploy.config import Ports
 from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
 from deploy.processes import port_open
+from tests.support.kafka_io import consume
 
 pytestmark = pytest.mark.integration
 
@@ -46,30 +47,6 @@ def produce(bootstrap: str, topic: str, values: list[str]) -> None:
         producer.produce(topic, value.encode(), on_delivery=on_delivery)
     assert producer.flush(60) == 0, "messages still in flight"
     assert errors == []
-
-
-def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> list[str]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": unique("local-env-test"),
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    values: list[str] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(values) < count and time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            values.append(msg.value().decode())
-    finally:
-        consumer.close()
-    return values
 
 
 def test_up_gives_reachable_kafka_and_redis(local_env: EnvInfo) -> None:

@@ -24,8 +24,14 @@ from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
 from proxy.kafka.schemas import DECODABLE_VERSIONS, response_header_is_flexible
 from proxy.kafka.upstream_client import encode_request
-from tests.integration.conftest import TEST_MAX_FRAME_BYTES
-from tests.integration.raw_requests import produce_request, record_batch
+from tests.support.raw import (
+    MAX_FRAME_BYTES,
+    correlation_id,
+    produce_request,
+    read_response,
+    record_batch,
+)
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -39,31 +45,12 @@ def raw_connection(proxy: ProxyProcess) -> Iterator[socket.socket]:
         sock.close()
 
 
-def read_response(sock: socket.socket) -> bytes:
-    size = int.from_bytes(receive_exactly(sock, 4), "big")
-    return receive_exactly(sock, size)
-
-
-def receive_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {size} bytes")
-        data += chunk
-    return data
-
-
 def is_closed_by_peer(sock: socket.socket, timeout_s: float = 10) -> bool:
     sock.settimeout(timeout_s)
     try:
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
-
-
-def correlation_id(payload: bytes) -> int:
-    return int.from_bytes(payload[:4], "big", signed=True)
 
 
 def metadata_request() -> metadata_v12.MetadataRequest:
@@ -158,7 +145,7 @@ BAD_INPUTS = {
     "unsupported-version": lambda: (
         (10).to_bytes(4, "big") + b"\x00\x00\x00\x01\x00\x00\x00\x01\xff\xff"
     ),
-    "oversize": lambda: (TEST_MAX_FRAME_BYTES + 1).to_bytes(4, "big") + b"\x00" * 100,
+    "oversize": lambda: (MAX_FRAME_BYTES + 1).to_bytes(4, "big") + b"\x00" * 100,
     "negative-size": lambda: (-7).to_bytes(4, "big", signed=True),
     "short-header": lambda: (3).to_bytes(4, "big") + b"\x00\x03\x00",
 }
@@ -186,9 +173,12 @@ def test_client_disconnecting_mid_request_is_logged_and_harmless(
         port = sock.getsockname()[1]
         frame = encode_request(metadata_request(), 5)
         sock.sendall(frame[: len(frame) // 2])
-    deadline = time.monotonic() + 10
-    while f"127.0.0.1:{port}" not in proxy_log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(
+        lambda: f"127.0.0.1:{port}" in proxy_log.read_text(),
+        10,
+        "a log line names the client",
+        interval_s=0.1,
+    )
     assert f"127.0.0.1:{port}" in proxy_log.read_text()
     assert client_works(proxy)
 

@@ -22,19 +22,22 @@ from dedup.client import DedupProducer
 from dedup.snapshots import SnapshotStore, slot_key, snapshot_partition
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
-from tests.integration.load import SequencedProducer
-from tests.integration.restartable import ProxyPorts, RestartableProxy
-from tests.integration.test_dedup import assert_exactly_once_in_order, values
-from tests.integration.topics import new_topic
+from deploy.processes import port_open
+from tests.support.kafka_io import assert_exactly_once_in_order, values
+from tests.support.load import SequencedProducer
+from tests.support.ports import RECOVERY
+from tests.support.restartable import RestartableProxy
+from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
-PORTS = ProxyPorts(listen=27092, admin=27080, broker_base=27093)
 REDIS_DB = 5  # this file's proxies only: a FLUSHDB here touches no other test's state
+REDIS_DOWN = "dedup state unavailable"  # the log line of a request refused without Redis
 
 
 def recovery_proxy(env: EnvInfo, log_dir: Path, **settings: str) -> RestartableProxy:
-    return RestartableProxy(env, log_dir, PORTS, REDIS_DB, "recovery", **settings)
+    return RestartableProxy(env, log_dir, RECOVERY, REDIS_DB, "recovery", **settings)
 
 
 @pytest.fixture
@@ -82,7 +85,11 @@ def test_proxy_killed_under_load_producer_retries_and_blind_resend_adds_nothing(
     load = SequencedProducer(first.bootstrap, topic, "p-kill", total).start()
     load.wait_delivered(total // 3)
     restartable.kill()  # requests in flight: some in Kafka unacknowledged, some not sent
-    time.sleep(0.5)
+    wait_until(
+        lambda: not port_open("127.0.0.1", RECOVERY.listen),
+        10,
+        "the killed proxy's listener is closed",
+    )
     second = restartable.start()
     load.join()  # librdkafka re-sends what was not acknowledged, to the new proxy
     blind_resend(second, topic, "p-kill", range(total // 4, total))
@@ -210,8 +217,13 @@ def test_redis_killed_and_restarted_empty_under_load(
     _quiet_producer_before_the_fault(restartable, topic)
     load = SequencedProducer(proxy.bootstrap, topic, "p-redis", total).start()
     load.wait_delivered(total // 3)
+    refused_before = len(restartable.log_lines(REDIS_DOWN))
     local_environment.kill_redis()
-    time.sleep(1.0)  # requests meanwhile are refused as retriable, not written
+    wait_until(  # requests meanwhile are refused as retriable, not written
+        lambda: len(restartable.log_lines(REDIS_DOWN)) > refused_before,
+        30,
+        "the proxy refuses a request for want of Redis",
+    )
     local_environment.start_redis(empty=True)
     blind_resend(proxy, topic, "p-quiet", range(1000), prefix="q")
     load.join()
@@ -227,10 +239,24 @@ def _write_with_snapshots(restartable: RestartableProxy, topic: str, total: int)
     proxy = restartable.start()
     for start in range(0, total, 500):  # several snapshots: every 100 records
         blind_resend(proxy, topic, "p-snap", range(start, min(start + 500, total)))
-        time.sleep(1.2)
+        _wait_for_the_snapshotter(restartable, topic)
     listed = proxy_json(restartable, "/v1/snapshots")
     (partition,) = [p for p in listed["partitions"] if p["topic"] == topic]
     assert partition["snapshot_offset"] is not None and partition["next_generation"] >= 2
+
+
+def _wait_for_the_snapshotter(restartable: RestartableProxy, topic: str) -> None:
+    """Until no snapshot of the partition is due: every write settled, and fewer records
+    since the last snapshot than take one (the snapshotter looks once a second)."""
+    every = int(restartable.settings["DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS"])
+    seen: list[dict[str, Any]] = []
+
+    def caught_up() -> bool:
+        listed = proxy_json(restartable, "/v1/snapshots")
+        seen[:] = [p for p in listed["partitions"] if p["topic"] == topic]
+        return any(p["writes_unsettled"] == 0 and p["records_since_snapshot"] < every for p in seen)
+
+    wait_until(caught_up, 30, lambda: f"no snapshot is due: {seen}")
 
 
 def proxy_json(restartable: RestartableProxy, path: str, method: str = "GET") -> Any:
@@ -284,7 +310,11 @@ def test_damaged_snapshots_fall_back_and_lose_nothing(
         else:
             admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
             admin.delete_topics([restartable.snapshot_topic])[restartable.snapshot_topic].result(30)
-            time.sleep(1.0)
+            wait_until(
+                lambda: restartable.snapshot_topic not in admin.list_topics(timeout=10).topics,
+                30,
+                "the snapshot topic is gone from the metadata",
+            )
         proxy = restartable.start()
         blind_resend(proxy, topic, "p-snap", range(total))
         assert_topic_is(local_env.bootstrap, topic, total)
@@ -402,7 +432,7 @@ def test_operations_from_the_shell(restartable: RestartableProxy, local_env: Env
 
     def run(*args: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "proxy", *args, "--admin-url", proxy.admin_url],
+            [sys.executable, "-m", "dedup", *args, "--admin-url", proxy.admin_url],
             capture_output=True,
             text=True,
             timeout=120,
@@ -421,7 +451,7 @@ def test_operations_from_the_shell(restartable: RestartableProxy, local_env: Env
         [
             sys.executable,
             "-m",
-            "proxy",
+            "dedup",
             "snapshot",
             "no-such-topic",
             "0",

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 from dedup.batches import HEADER_PRODUCER, HEADER_SEQUENCE, IdentityHeaders
 from dedup.replay import SEQUENCE_MAX, ReplayError, ReplayResult, replay_partition
 from deploy.local import EnvInfo
-from tests.integration.topics import new_topic
+from tests.support.topics import new_topic
 
 pytestmark = pytest.mark.integration
 

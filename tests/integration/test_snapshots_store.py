@@ -28,7 +28,7 @@ from dedup.snapshots import (
     snapshot_partition,
 )
 from deploy.local import EnvInfo
-from tests.integration.topics import new_topic
+from tests.support.topics import new_topic
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,8 @@ from dedup.spark.verify import SinkReport, summarize_sink
 from deploy.demo.processes import SparkJob
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from tests.integration.topics import new_topic
+from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -180,7 +180,7 @@ def test_verify_refuses_a_directory_that_is_not_a_sink(tmp_path: Path) -> None:
 
 def verify_cli(sink: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy", "spark", "verify", "--output", str(sink), *extra],
+        [sys.executable, "-m", "dedup", "spark", "verify", "--output", str(sink), *extra],
         capture_output=True,
         text=True,
         timeout=300,
@@ -194,10 +194,12 @@ def committed_batches(checkpoint: Path) -> int:
 
 
 def wait_for_commits(checkpoint: Path, count: int, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while committed_batches(checkpoint) < count:
-        assert time.monotonic() < deadline, f"fewer than {count} micro-batches committed"
-        time.sleep(0.05)
+    wait_until(
+        lambda: committed_batches(checkpoint) >= count,
+        timeout_s,
+        f"{count} micro-batches are committed",
+        interval_s=0.05,
+    )
 
 
 def chunk_record(

@@ -22,24 +22,22 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from deploy import paths
-from deploy.config import Ports
 from deploy.local import EnvInfo, LocalEnvironment
 from deploy.paths import MissingRuntimeError
 from deploy.toxiproxy import ToxiproxyServer
-from tests.integration.test_local_env import consume
-from tests.integration.topics import new_topic
+from tests.support.kafka_io import consume
+from tests.support.ports import TOXIPROXY_ADVERTISED_BASE as ADVERTISED_BASE
+from tests.support.ports import TOXIPROXY_API
+from tests.support.ports import TOXIPROXY_ECHO_LISTEN as ECHO_LISTEN
+from tests.support.ports import TOXIPROXY_ECHO_UPSTREAM as ECHO_UPSTREAM
+from tests.support.ports import TOXIPROXY_ENV as PORTS
+from tests.support.ports import TOXIPROXY_KAFKA_BASE as KAFKA_BASE
+from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
 HOST = "127.0.0.1"
-# Listen 24192, replication 24242, controller 24292; clients are sent to 24200.
-KAFKA_BASE = 24192
-ADVERTISED_BASE = 24200
-REDIS_PORT = 17379
-TOXIPROXY_API = 24474
-ECHO_UPSTREAM = 24210
-ECHO_LISTEN = 24211
-PORTS = Ports(kafka_base=KAFKA_BASE, redis=REDIS_PORT, advertised_kafka_base=ADVERTISED_BASE)
 BROKER_LINK = "kafka-0"
 ECHO_LINK = "echo"
 
@@ -98,10 +96,12 @@ class EchoServer:
                 conn.sendall(data)
 
     def wait_accepted(self, count: int) -> list[socket.socket]:
-        deadline = time.monotonic() + 5
-        while len(self.accepted) < count:
-            assert time.monotonic() < deadline, "toxiproxy did not connect upstream"
-            time.sleep(0.01)
+        wait_until(
+            lambda: len(self.accepted) >= count,
+            5,
+            "toxiproxy connects upstream",
+            interval_s=0.01,
+        )
         with self._lock:
             return list(self.accepted)
 

@@ -29,6 +29,7 @@ from dedup.batches import (
     build_batch,
     read_batches,
 )
+from dedup.chunks import CHUNK_HEADERS
 
 pytestmark = pytest.mark.unit
 
@@ -118,7 +119,9 @@ def error_of(data: bytes, **kwargs: Any) -> BadBatch:
 # --------------------------------------------------------------------------- strategies
 
 optional_bytes = st.none() | st.binary(max_size=40)
-header_names = st.text(max_size=12).filter(lambda n: n not in (HEADER_PRODUCER, HEADER_SEQUENCE))
+# Plain headers: any name but the ones with a dedup meaning (identity and chunk headers).
+RESERVED_HEADERS = (HEADER_PRODUCER, HEADER_SEQUENCE, *CHUNK_HEADERS)
+header_names = st.text(max_size=12).filter(lambda n: n not in RESERVED_HEADERS)
 plain_headers = st.lists(st.tuples(header_names, optional_bytes), max_size=4).map(tuple)
 producer_names = st.text(min_size=1, max_size=20)
 int64s = st.integers(-(1 << 63), (1 << 63) - 1)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.runtime.settings import ConfigError, load_settings
+from dedup.app.settings import load_settings
+from proxy.runtime.settings import ConfigError
 
 pytestmark = pytest.mark.unit
 

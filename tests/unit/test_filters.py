@@ -23,9 +23,11 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
-from proxy.filters import FilterContext, apply_response_filter, default_response_filters
+from proxy.filters import standard_filters
 from proxy.kafka.schemas import DECODABLE_VERSIONS, decode_response_body, encode_body
 from proxy.kafka.topology import Endpoint, Topology
+from proxy.kafka.wire import RequestHeader
+from proxy.runtime.chain import FilterChain, FilterContext, ResponseFilter
 
 pytestmark = pytest.mark.unit
 
@@ -49,14 +51,24 @@ def make_context() -> tuple[FilterContext, Topology, Recorder]:
     return FilterContext(topology), topology, recorder
 
 
+def response_filter_for(api_key: int) -> ResponseFilter:
+    found = [
+        f
+        for f in standard_filters()
+        if isinstance(f, ResponseFilter) and api_key in f.response_keys
+    ]
+    assert len(found) == 1
+    return found[0]
+
+
 def run_filter(
     context: FilterContext, response: Any, header: bytes = FLEXIBLE_HEADER
 ) -> tuple[bytes, Any]:
     api_key, version = int(response.__api_key__), int(response.__version__)
     payload = header + encode_body(response)
-    response_filter = default_response_filters()[api_key]
-    flexible = header != CORRELATION
-    out = asyncio.run(apply_response_filter(response_filter, context, version, flexible, payload))
+    request = RequestHeader(api_key, version, 1234, None, 0)
+    assert request.flexible_response == (header != CORRELATION)
+    out = asyncio.run(FilterChain(standard_filters()).on_response(request, payload, context))
     assert out[: len(header)] == header, "the response header is kept verbatim"
     return out, decode_response_body(api_key, version, out, len(header))
 
@@ -208,8 +220,8 @@ def test_fetch_without_upstream_host_is_not_decoded() -> None:
     asyncio.run(topology.observe([(7, "kafka-7", 9092)], complete=True))
     response = fetch_response((), b"\x00" * 64)
     payload = FLEXIBLE_HEADER + encode_body(response)
-    fetch_filter = default_response_filters()[1]
-    assert not fetch_filter.wants(17, payload, len(FLEXIBLE_HEADER), context)
+    fetch_filter = response_filter_for(1)
+    assert not fetch_filter.wants_response(17, payload, len(FLEXIBLE_HEADER), context)
 
 
 def test_produce_node_endpoints_rewritten() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -269,9 +270,14 @@ SETUP_SH = Path(__file__).resolve().parents[2] / "deploy" / "setup.sh"
 
 
 def test_setup_installs_the_versions_the_code_expects() -> None:
-    text = SETUP_SH.read_text()
-    assert f'\nKAFKA_VERSION="{paths.KAFKA_VERSION}"\n' in text
-    assert f'\nTOXIPROXY_VERSION="{paths.TOXIPROXY_VERSION}"\n' in text
+    printed = subprocess.run(
+        ["bash", str(SETUP_SH), "--versions"], capture_output=True, text=True, check=True
+    ).stdout
+    assert dict(line.split("=", 1) for line in printed.splitlines()) == {
+        "KAFKA_VERSION": paths.KAFKA_VERSION,
+        "SPARK_VERSION": paths.SPARK_VERSION,
+        "TOXIPROXY_VERSION": paths.TOXIPROXY_VERSION,
+    }
 
 
 def test_toxiproxy_lives_in_the_cache_next_to_the_kafka_jars(

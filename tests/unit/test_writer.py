@@ -1,8 +1,10 @@
 """The idempotent writer's bookkeeping against a scripted broker (pure logic, no sockets).
 
 The fake answers each Produce request the way a test script says: success, an error
-code, or a dropped connection (the request's fate unknown). The integration tests cover
-the same code against real Kafka; these pin down the sequence rules one case at a time.
+code, or a dropped connection (the request's fate unknown). The writer gets the fake link
+and a fake fencer injected, as `dedup.service` gives it the real ones. The integration
+tests cover the same code against real Kafka; these pin down the sequence rules one case
+at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from dedup.fencing import ProducerIdentity
-from dedup.writer import SEQUENCE_WRAP, BatchToWrite, IdempotentWriter
+from dedup.writer import SEQUENCE_WRAP, BatchToWrite, IdempotentWriter, WriteResult
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import LinkClosed
 
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.unit
 
 BROKER = Endpoint("kafka", 9092)
 DROP = "drop"  # the connection dies: the request may or may not have run
+HOLD = "hold"  # no answer until the test gives one (`FakeLink.answer_held`)
 
 
 @dataclass
@@ -36,6 +39,11 @@ class FakeLink:
     sent: list[tuple[int, int, bytes]] = field(default_factory=list)
     producer_ids: deque[int] = field(default_factory=lambda: deque([100, 200, 300]))
     is_open: bool = True
+    held: deque[tuple[asyncio.Future[Any], list[tuple[str, int]]]] = field(default_factory=deque)
+
+    def answer_held(self, code: int) -> None:
+        answer, parts = self.held.popleft()
+        answer.set_result(_response(parts, code))
 
     def send(self, request: Any) -> asyncio.Future[Any]:
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -48,6 +56,8 @@ class FakeLink:
         step = self.script.popleft() if self.script else 0
         if step == DROP:
             answer.set_exception(LinkClosed("cut"))
+        elif step == HOLD:
+            self.held.append((answer, parts))
         else:
             answer.set_result(_response(parts, int(step)))
         return answer
@@ -98,33 +108,44 @@ class FakeFencer:
         return await self.new_epoch()
 
 
-class ScriptedWriter(IdempotentWriter):
-    def __init__(
-        self,
-        link: FakeLink,
-        leader: Callable[[], Endpoint | None] = lambda: BROKER,
-        give_up_s: float = 120.0,
-    ):
-        async def leader_of(topic: str, partition: int) -> Endpoint | None:
-            return leader()
+def scripted_writer(
+    link: FakeLink,
+    leader: Callable[[], Endpoint | None] = lambda: BROKER,
+    give_up_s: float = 120.0,
+    fencer: FakeFencer | None = None,
+) -> IdempotentWriter:
+    """A writer whose every connection is `link` and whose producer ids come from `fencer`."""
 
-        super().__init__(
-            lambda: [BROKER],
-            leader_of,
-            "test-instance",
-            timeout_s=1.0,
-            retry_backoff_s=0.001,
-            ambiguous_give_up_s=give_up_s,
-        )
-        self.link = link
-        self.fencer = FakeFencer(link)  # type: ignore[assignment]
+    async def leader_of(topic: str, partition: int) -> Endpoint | None:
+        return leader()
 
-    async def _link(self, endpoint: Endpoint) -> Any:
-        return self.link
+    async def connect(endpoint: Endpoint) -> FakeLink:
+        return link
+
+    return IdempotentWriter(
+        leader_of,
+        fencer or FakeFencer(link),
+        connect,
+        timeout_s=1.0,
+        retry_backoff_s=0.001,
+        ambiguous_give_up_s=give_up_s,
+    )
 
 
-def batch(count: int = 10, partition: int = 0) -> BatchToWrite:
-    return BatchToWrite("t", partition, count, _encode)
+def batch(
+    count: int = 10,
+    partition: int = 0,
+    *,
+    wanted: Callable[[], bool] | None = None,
+    settled: Callable[[WriteResult], None] | None = None,
+) -> BatchToWrite:
+    return BatchToWrite("t", partition, count, _encode, wanted=wanted, settled=settled)
+
+
+async def settle_all() -> None:
+    """Let every task that can run, run (the writer's completions)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
 
 
 def run(coroutine: Any) -> Any:
@@ -133,23 +154,25 @@ def run(coroutine: Any) -> Any:
 
 def test_sequences_follow_record_counts_and_wrap() -> None:
     async def scenario() -> list[int]:
-        writer = ScriptedWriter(FakeLink())
+        link = FakeLink()
+        writer = scripted_writer(link)
         await writer.write(BROKER, [batch(10)], 1000)
         await writer.write(BROKER, [batch(5)], 1000)
-        writer._partition("t", 0).next_sequence = SEQUENCE_WRAP - 3
+        await writer.write(BROKER, [batch(SEQUENCE_WRAP - 18)], 1000)  # up to WRAP - 3
         await writer.write(BROKER, [batch(5)], 1000)
         await writer.write(BROKER, [batch(1)], 1000)
-        return [sequence for _, sequence, _ in writer.link.sent]
+        return [sequence for _, sequence, _ in link.sent]
 
-    assert run(scenario()) == [0, 10, SEQUENCE_WRAP - 3, 2]
+    assert run(scenario()) == [0, 10, 15, SEQUENCE_WRAP - 3, 2]
 
 
 def test_concurrent_submits_keep_their_submission_order_on_the_wire() -> None:
     async def scenario() -> list[int]:
-        writer = ScriptedWriter(FakeLink())
+        link = FakeLink()
+        writer = scripted_writer(link)
         futures = [await writer.submit(BROKER, [batch(3)], 1000) for _ in range(5)]
         await asyncio.gather(*futures)
-        return [sequence for _, sequence, _ in writer.link.sent]
+        return [sequence for _, sequence, _ in link.sent]
 
     assert run(scenario()) == [0, 3, 6, 9, 12]
 
@@ -159,7 +182,7 @@ def test_definite_failure_rewinds_the_sequence_and_hides_out_of_order_from_clien
         link = FakeLink(
             script=deque([ErrorCode.not_leader_or_follower, ErrorCode.out_of_order_sequence_number])
         )
-        writer = ScriptedWriter(link)
+        writer = scripted_writer(link)
         first = await writer.submit(BROKER, [batch(10)], 1000)
         second = await writer.submit(BROKER, [batch(10)], 1000)
         results = [(await first)[0], (await second)[0]]
@@ -177,7 +200,7 @@ def test_ambiguous_write_is_resent_with_the_same_bytes_until_kafka_is_definite()
     async def scenario() -> tuple[Any, list[tuple[int, int, bytes]]]:
         # The first send is cut; the re-send reaches a stale leader; then Kafka answers.
         link = FakeLink(script=deque([DROP, ErrorCode.not_leader_or_follower, 0]))
-        writer = ScriptedWriter(link)
+        writer = scripted_writer(link)
         (result,) = await writer.write(BROKER, [batch(10)], 1000)
         return result, link.sent
 
@@ -189,7 +212,7 @@ def test_ambiguous_write_is_resent_with_the_same_bytes_until_kafka_is_definite()
 def test_ambiguous_write_behind_a_failed_one_is_not_written_and_not_resent() -> None:
     async def scenario() -> tuple[list[bool], int]:
         link = FakeLink(script=deque([ErrorCode.not_leader_or_follower, DROP]))
-        writer = ScriptedWriter(link)
+        writer = scripted_writer(link)
         first = await writer.submit(BROKER, [batch(10)], 1000)
         second = await writer.submit(BROKER, [batch(10)], 1000)
         written = [(await first)[0].written, (await second)[0].written]
@@ -203,7 +226,7 @@ def test_ambiguous_write_behind_a_failed_one_is_not_written_and_not_resent() -> 
 def test_lost_producer_state_takes_a_new_producer_id_from_sequence_zero() -> None:
     async def scenario() -> list[tuple[int, int]]:
         link = FakeLink(script=deque([0, ErrorCode.unknown_producer_id, 0]))
-        writer = ScriptedWriter(link)
+        writer = scripted_writer(link)
         await writer.write(BROKER, [batch(10)], 1000)
         (lost,) = await writer.write(BROKER, [batch(10)], 1000)
         assert not lost.written and lost.error_code == ErrorCode.not_enough_replicas
@@ -216,7 +239,7 @@ def test_lost_producer_state_takes_a_new_producer_id_from_sequence_zero() -> Non
 def test_partitions_have_their_own_sequences() -> None:
     async def scenario() -> list[tuple[int, int]]:
         link = FakeLink()
-        writer = ScriptedWriter(link)
+        writer = scripted_writer(link)
         await writer.write(BROKER, [batch(10, partition=0), batch(7, partition=1)], 1000)
         await writer.write(BROKER, [batch(1, partition=1), batch(1, partition=0)], 1000)
         return [(sequence, len(payload)) for _, sequence, payload in link.sent]
@@ -229,7 +252,7 @@ def test_partitions_have_their_own_sequences() -> None:
 def test_a_write_ambiguous_past_the_give_up_time_is_unresolved_and_so_is_its_successor() -> None:
     async def scenario() -> tuple[list[Any], int]:
         link = FakeLink(script=deque([DROP] * 1000))  # every attempt is cut
-        writer = ScriptedWriter(link, give_up_s=0.05)
+        writer = scripted_writer(link, give_up_s=0.05)
         first = await writer.submit(BROKER, [batch(10)], 1000)
         second = await writer.submit(BROKER, [batch(10)], 1000)
         results = [(await first)[0], (await second)[0]]
@@ -244,14 +267,135 @@ def test_a_write_ambiguous_past_the_give_up_time_is_unresolved_and_so_is_its_suc
 def test_fence_continues_the_partitions_under_the_new_epoch_from_sequence_zero() -> None:
     async def scenario() -> tuple[list[tuple[int, int]], list[list[tuple[str, int]]]]:
         link = FakeLink()
-        writer = ScriptedWriter(link)
+        fencer = FakeFencer(link)
+        writer = scripted_writer(link, fencer=fencer)
         await writer.write(BROKER, [batch(10, partition=0), batch(3, partition=1)], 1000)
         await writer.fence([("t", 0)])
         await writer.write(BROKER, [batch(5, partition=0), batch(2, partition=1)], 1000)
-        fenced = writer.fencer.fenced  # type: ignore[attr-defined]
-        return [(producer, sequence) for producer, sequence, _ in link.sent], fenced
+        return [(producer, sequence) for producer, sequence, _ in link.sent], fencer.fenced
 
     sent, fenced = run(scenario())
     assert fenced == [[("t", 0)]]
     # p0 restarts at 0 under the fenced identity; p1 goes on under its own.
     assert sent == [(100, 0), (100, 0), (200, 0), (100, 3)]
+
+
+# ----------------------------------------------------------------------------- the caller's hooks
+
+
+def test_a_failure_is_told_to_the_caller_and_a_batch_it_withdraws_takes_no_sequence() -> None:
+    """The engine's guard against overtaking: B was decided while A was in flight; A
+    fails; B, submitted after A's failure, is withdrawn (nothing sent, no sequence), so the
+    next batch takes A's sequence and A's retry comes first."""
+
+    async def scenario() -> tuple[list[Any], list[int]]:
+        link = FakeLink(script=deque([HOLD]))
+        writer = scripted_writer(link)
+        told: list[WriteResult] = []
+        first = await writer.submit(BROKER, [batch(10, settled=told.append)], 1000)
+        link.answer_held(ErrorCode.not_leader_or_follower)
+        await settle_all()
+        assert [r.written for r in told] == [False], "told as soon as it is definite"
+        second = await writer.submit(BROKER, [batch(10, wanted=lambda: not told)], 1000)
+        retry = await writer.submit(BROKER, [batch(10)], 1000)
+        results = [(await first)[0], (await second)[0], (await retry)[0]]
+        return results, [sequence for _, sequence, _ in link.sent]
+
+    results, sequences = run(scenario())
+    assert [r.written for r in results] == [False, False, True]
+    assert results[1].error_code == ErrorCode.not_enough_replicas  # retriable
+    assert sequences == [0, 0], "the withdrawn batch sent nothing; the retry reuses 0"
+
+
+def test_a_withdrawn_batch_does_not_hold_back_the_others_of_its_request() -> None:
+    async def scenario() -> tuple[list[bool], list[tuple[int, int]]]:
+        link = FakeLink()
+        writer = scripted_writer(link)
+        results = await writer.write(
+            BROKER, [batch(5, partition=0, wanted=lambda: False), batch(3, partition=1)], 1000
+        )
+        await writer.write(BROKER, [batch(2, partition=0)], 1000)
+        return [r.written for r in results], [(p, s) for p, s, _ in link.sent]
+
+    written, sent = run(scenario())
+    assert written == [False, True]
+    assert sent == [(100, 0), (100, 0)], "p1 at 0, then p0 still at 0"
+
+
+# ----------------------------------------------------------------------------- never stuck
+
+
+def test_two_batches_of_one_partition_in_one_request_are_refused_before_anything_is_sent() -> None:
+    """Kafka would append only the last of them, yet answer for both."""
+
+    async def scenario() -> tuple[str, list[int]]:
+        link = FakeLink()
+        writer = scripted_writer(link)
+        with pytest.raises(ValueError) as refused:
+            await writer.submit(BROKER, [batch(5), batch(3)], 1000)
+        await writer.write(BROKER, [batch(2)], 1000)
+        return str(refused.value), [sequence for _, sequence, _ in link.sent]
+
+    message, sequences = run(scenario())
+    assert "one batch per partition" in message
+    assert sequences == [0]
+
+
+def test_a_batch_that_fails_to_build_leaves_nothing_assigned_and_no_slot_taken() -> None:
+    """Before: the batches built before it kept their sequence, in flight forever, and
+    their slot: the partition's fence (recovery) then waited forever."""
+
+    def broken(producer_id: int, epoch: int, sequence: int) -> bytes:
+        raise ValueError("cannot build")
+
+    async def scenario() -> tuple[list[tuple[int, int]], list[list[tuple[str, int]]]]:
+        link = FakeLink()
+        fencer = FakeFencer(link)
+        writer = scripted_writer(link, fencer=fencer)
+        for _ in range(6):  # more than MAX_IN_FLIGHT_PER_PARTITION: no slot may leak
+            with pytest.raises(ValueError):
+                await writer.submit(
+                    BROKER, [batch(5, partition=0), BatchToWrite("t", 1, 3, broken)], 1000
+                )
+        await asyncio.wait_for(writer.write(BROKER, [batch(5, partition=0)], 1000), 5)
+        await asyncio.wait_for(writer.fence([("t", 0)]), 5)
+        return [(p, s) for p, s, _ in link.sent], fencer.fenced
+
+    sent, fenced = run(scenario())
+    assert sent == [(100, 0)], "nothing of the failed submits was sent or assigned"
+    assert fenced == [[("t", 0)]]
+
+
+def test_a_surprise_while_resolving_an_ambiguous_write_gives_up_instead_of_hanging() -> None:
+    """Before: the entry stayed in flight unresolved, and every later fence of the
+    partition (its recovery) waited for it forever."""
+    calls = [0]
+
+    def leader() -> Endpoint | None:
+        calls[0] += 1
+        raise RuntimeError("metadata went wrong")
+
+    async def scenario() -> tuple[WriteResult, list[list[tuple[str, int]]]]:
+        link = FakeLink(script=deque([DROP]))
+        fencer = FakeFencer(link)
+        writer = scripted_writer(link, leader=leader, fencer=fencer)
+        (result,) = await asyncio.wait_for(writer.write(BROKER, [batch(10)], 1000), 5)
+        await asyncio.wait_for(writer.fence([("t", 0)]), 5)
+        return result, fencer.fenced
+
+    result, fenced = run(scenario())
+    assert calls[0] == 1
+    assert (result.written, result.unresolved) == (False, True), "maybe written: recover"
+    assert fenced == [[("t", 0)]]
+
+
+def test_an_error_code_unknown_to_kio_is_resolved_by_resending_not_left_hanging() -> None:
+    async def scenario() -> tuple[WriteResult, int]:
+        link = FakeLink(script=deque([999, 0]))  # a code from a newer Kafka, then success
+        writer = scripted_writer(link)
+        (result,) = await asyncio.wait_for(writer.write(BROKER, [batch(10)], 1000), 5)
+        return result, len(link.sent)
+
+    result, sends = run(scenario())
+    assert result.written
+    assert sends == 2

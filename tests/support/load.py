@@ -8,6 +8,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
+from tests.support.wait import wait_until
+
 
 class _BackgroundLoad:
     """A sending thread, and the delivery reports it got: `_send_all` is the load."""
@@ -23,10 +25,12 @@ class _BackgroundLoad:
         return self
 
     def wait_delivered(self, count: int, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.delivered < count:
-            assert time.monotonic() < deadline, f"only {self.delivered} of {count} delivered"
-            time.sleep(0.02)
+        wait_until(
+            lambda: self.delivered >= count,
+            timeout_s,
+            lambda: f"{count} are delivered (only {self.delivered} are)",
+            interval_s=0.02,
+        )
 
     def join(self, timeout_s: float = 240) -> None:
         """Wait for the end; every record must have been acknowledged, none failed."""

@@ -4,18 +4,11 @@ instance id, Redis database and key prefix, snapshot topic), as a supervisor wou
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-
-
-@dataclass(frozen=True)
-class ProxyPorts:
-    listen: int
-    admin: int
-    broker_base: int
+from tests.support.ports import ProxyPorts
 
 
 class RestartableProxy:

@@ -1,18 +1,31 @@
-"""Raw Produce requests built with kio, for tests that speak the wire protocol themselves."""
+"""The wire protocol spoken by hand: Produce requests built with kio, frames read off a
+socket, and one Produce request sent to a proxy's broker listener."""
 
 from __future__ import annotations
 
 import datetime
 import io
+import socket
+import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import kio.schema.produce.v9.request as produce_v9
+import kio.schema.produce.v9.response as produce_v9_response
 from kio.records.schema import NewRecordBatch, Record, RecordHeader
 from kio.records.writers import write_new_batch
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, TZAwareMicros, i8, i16, i32, i32Timedelta, i64
 
+from deploy.launcher import ProxyProcess
+from proxy.kafka.schemas import decode_response_body
+from proxy.kafka.upstream_client import encode_request
+
 Headers = Sequence[tuple[bytes, bytes]]
+
+# The largest frame the pass-through test proxy (conftest `proxy`) accepts.
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+NOT_LEADER_OR_FOLLOWER = 6
 
 
 def record_batch(records: Sequence[tuple[bytes, Headers]]) -> bytes:
@@ -78,3 +91,51 @@ def produce_request(
             ),
         ),
     )
+
+
+# ----------------------------------------------------------------------------- frames
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One response frame's payload (correlation id first)."""
+    size = int.from_bytes(receive_exactly(sock, 4), "big")
+    return receive_exactly(sock, size)
+
+
+def receive_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {size} bytes")
+        data += chunk
+    return data
+
+
+def correlation_id(payload: bytes) -> int:
+    return int.from_bytes(payload[:4], "big", signed=True)
+
+
+# ----------------------------------------------------------------------------- Produce
+
+
+def produce_raw(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any:
+    """Send one Produce request to the proxy's broker 0 listener; the partition's answer.
+    Retried, as every client does, while the answer is NOT_LEADER_OR_FOLLOWER (the proxy
+    recovers a partition's dedup state before its first write)."""
+    deadline = time.monotonic() + 60
+    while True:
+        answer = _produce_once(proxy, request)
+        if answer.error_code != NOT_LEADER_OR_FOLLOWER or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.1)
+
+
+def _produce_once(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any:
+    port = proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(encode_request(request, 1))
+        frame = read_response(sock)
+    response = decode_response_body(0, 9, frame, 5)  # v9: flexible header, no tagged fields
+    assert isinstance(response, produce_v9_response.ProduceResponse)
+    return response.responses[0].partition_responses[0]

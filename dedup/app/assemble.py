@@ -1,0 +1,48 @@
+"""The composition root: a proxy assembled from settings, with dedup plugged in or not.
+
+Nothing below this module knows how the pieces fit: the runtime gets a filter chain and
+services, dedup gets what it needs of the upstream cluster, and the admin port gets the
+routes of whatever was plugged in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+from dedup.admin_api import add_dedup_routes
+from dedup.app.settings import Settings
+from dedup.produce_filter import DedupProduceFilter
+from dedup.service import DedupService, UpstreamAccess
+from proxy.filters import standard_filters
+from proxy.runtime.admin import AdminRoutes
+from proxy.runtime.chain import FilterChain
+from proxy.runtime.cluster import UpstreamCluster
+from proxy.runtime.server import ProxyServer, topology_of
+
+
+@dataclass(slots=True)
+class AssembledProxy:
+    server: ProxyServer
+    admin_routes: list[AdminRoutes] = field(default_factory=list)
+    dedup: DedupService | None = None  # None: a plain Kafka proxy (pass-through)
+
+
+def assemble(settings: Settings) -> AssembledProxy:
+    cluster = UpstreamCluster(topology_of(settings), settings.upstream_connect_timeout_s)
+    filters = standard_filters()
+    if settings.pass_through:
+        return AssembledProxy(ProxyServer(settings, cluster, FilterChain(filters)))
+    dedup = DedupService(
+        settings,
+        UpstreamAccess(
+            bootstrap_servers=list(settings.upstream),
+            instance_id=settings.effective_instance_id,
+            connect_timeout_s=settings.upstream_connect_timeout_s,
+            known_upstreams=cluster.known_upstreams,
+            leader_of=cluster.leader_of,
+        ),
+    )
+    chain = FilterChain([*filters, DedupProduceFilter(dedup.engine)])
+    server = ProxyServer(settings, cluster, chain, services=[dedup])
+    return AssembledProxy(server, [partial(add_dedup_routes, service=dedup)], dedup)

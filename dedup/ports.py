@@ -1,0 +1,73 @@
+"""What the dedup engine needs of the world, as small Protocols.
+
+The composition root (`dedup.service`) passes the real ones: `dedup.state.DedupState`,
+`dedup.writer.IdempotentWriter`, `dedup.recovery.Recovery`, `dedup.policies.PolicyStore`,
+`SystemClock`. Unit tests pass in-memory fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from dedup.partitions import Key
+from dedup.policies import PolicySnapshot
+from dedup.recovery import RecoveredPartition
+from dedup.state import PartitionCheck, PartitionVerdict, Persisted, clock_ms
+from dedup.writer import BatchToWrite, WriteResult
+from proxy.kafka.topology import Endpoint
+
+
+class PersistedStore(Protocol):
+    """Where acknowledged positions are recorded (`dedup.persisted.PersistedRecorder`)."""
+
+    async def mark_persisted(
+        self,
+        updates: Sequence[tuple[str, int, Mapping[str, Persisted]]],
+        now_ms: int,
+        tokens: Sequence[str | None] | None = None,
+    ) -> list[int]: ...
+
+
+class StateStore(PersistedStore, Protocol):
+    """The pushed / persisted maps (`dedup.state.DedupState`): the check and its undo."""
+
+    async def check_and_push(
+        self, checks: Sequence[PartitionCheck], now_ms: int
+    ) -> list[PartitionVerdict]: ...
+
+    async def reset_pushed(self, topic: str, partition: int, token: str | None = None) -> bool: ...
+
+
+class Writer(Protocol):
+    """The proxy's idempotent producer (`dedup.writer.IdempotentWriter`)."""
+
+    async def submit(
+        self, broker: Endpoint, batches: Sequence[BatchToWrite], timeout_ms: int
+    ) -> asyncio.Future[list[WriteResult]]: ...
+
+
+class PartitionRecovery(Protocol):
+    """Rebuilding partitions' state from the log (`dedup.recovery.Recovery`)."""
+
+    async def run(
+        self, partitions: Sequence[Key]
+    ) -> tuple[dict[Key, RecoveredPartition], dict[Key, Exception]]: ...
+
+
+class Policies(Protocol):
+    """The dedup mode of every topic (`dedup.policies.PolicyStore`)."""
+
+    async def snapshot(self) -> PolicySnapshot: ...
+
+
+class Clock(Protocol):
+    """Wall-clock milliseconds, the last-seen times the state keeps."""
+
+    def clock_ms(self) -> int: ...
+
+
+class SystemClock:
+    def clock_ms(self) -> int:
+        return clock_ms()

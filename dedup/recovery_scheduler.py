@@ -1,0 +1,205 @@
+"""When partitions are recovered from the log: a queue, worked in the background.
+
+A partition is queued on first use, when its state cannot be trusted (Redis lost it, a
+write stayed ambiguous) and on request (proxy start, an operator). The queue is worked in
+batches (`dedup.recovery.Recovery.run`: one fence for the batch). A partition waits until
+its own writes have settled (in the log then, or never): the engine checks nothing new
+for it meanwhile, since ``recovered`` is False. A partition that fails is retried after a
+pause of its own, doubling from ``retry_s[0]`` to ``retry_s[1]``: it never holds back the
+others, nor a partition queued after it. When a whole batch fails (the fence), the next
+tries take one partition at a time, so one bad partition (a deleted topic) cannot block
+the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from dedup import metrics
+from dedup.partitions import AckCursor, Key, PartitionStates
+from dedup.ports import PartitionRecovery
+from dedup.recovery import RecoveredPartition
+
+log = structlog.get_logger(__name__)
+
+RECOVERY_RETRY_S = (0.5, 30.0)  # first and longest pause before retrying a failed recovery
+RECOVERY_BATCH = 256  # partitions fenced together
+JOIN_S = 0.01  # let requests arriving together join one batch
+SETTLE_POLL_S = 0.05  # how often a partition waiting for its writes to settle is looked at
+
+
+@dataclass(slots=True)
+class _Queued:
+    reason: str
+    failures: int = 0  # in a row
+    retry_at: float = 0.0  # loop time before which it is not tried again
+
+
+class RecoveryScheduler:
+    def __init__(
+        self,
+        recovery: PartitionRecovery,
+        partitions: PartitionStates | None = None,
+        *,
+        retry_s: tuple[float, float] = RECOVERY_RETRY_S,
+        batch: int = RECOVERY_BATCH,
+    ) -> None:
+        self.partitions = PartitionStates() if partitions is None else partitions
+        self._recovery = recovery
+        self._retry_s = retry_s
+        self._batch = batch
+        self._limit = batch  # 1 after a whole batch failed, until one succeeds
+        self._queue: dict[Key, _Queued] = {}
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._recovered = asyncio.Condition()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # ------------------------------------------------------------- asking
+
+    def request(self, key: Key, reason: str) -> None:
+        """Recover this partition (again). Its requests wait, or are told to retry, until
+        it is recovered."""
+        if key in self._queue:
+            return
+        state = self.partitions.of(key)
+        if state.recovered:
+            state.recovered = False
+            state.open.set()  # waiters see `recovered` is False and answer at once
+        self._queue[key] = _Queued(reason)
+        metrics.RECOVERING.set(len(self._queue))
+        self._wakeup.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name="recovery")
+
+    def request_all(self, partitions: Sequence[Key], reason: str) -> None:
+        for key in partitions:
+            self.request(key, reason)
+
+    def state_lost(self, topic: str, partition: int, token: str) -> None:
+        """Redis no longer holds the state this process recovered: recover it again."""
+        state = self.partitions.get((topic, partition))
+        if state is None or not state.recovered or state.token != token:
+            return  # already being recovered
+        log.error(
+            "dedup state lost (Redis flushed, restarted empty or replaced); recovering",
+            topic=topic,
+            partition=partition,
+        )
+        self.request((topic, partition), "state lost")
+
+    async def ensure_recovered(self, partitions: Sequence[Key], timeout_s: float) -> bool:
+        """Recover those not recovered yet, and wait: a state read (last sequence id) after
+        a crash is only true once the log's tail has been replayed."""
+        for key in partitions:
+            if not self.partitions.of(key).recovered:
+                self.request(key, "state read")
+        return await self.wait_recovered(partitions, timeout_s)
+
+    async def wait_recovered(self, partitions: Sequence[Key], timeout_s: float) -> bool:
+        """Whether every one of these partitions is recovered within the timeout."""
+
+        def done() -> bool:
+            return all(self.partitions.of(key).recovered for key in partitions)
+
+        async with self._recovered:
+            try:
+                await asyncio.wait_for(self._recovered.wait_for(done), timeout_s)
+            except TimeoutError:
+                return False
+        return True
+
+    # ------------------------------------------------------------- working the queue
+
+    async def _loop(self) -> None:
+        while True:
+            pause = self._pause()
+            if pause is None or pause > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), pause)
+            self._wakeup.clear()
+            await asyncio.sleep(JOIN_S)
+            ready = self._ready()
+            if ready:
+                await self._recover(ready)
+
+    def _due(self) -> list[Key]:
+        now = asyncio.get_running_loop().time()
+        return [key for key, queued in self._queue.items() if queued.retry_at <= now]
+
+    def _ready(self) -> list[Key]:
+        """Due, and its own writes settled: they are in the log then, or never will be."""
+        due = [key for key in self._due() if self.partitions.of(key).pending == 0]
+        return due[: self._limit]
+
+    def _pause(self) -> float | None:
+        """How long nothing can be done: None until a request comes."""
+        if not self._queue:
+            return None
+        if self._due():
+            return 0.0 if self._ready() else SETTLE_POLL_S
+        now = asyncio.get_running_loop().time()
+        return max(0.0, min(queued.retry_at for queued in self._queue.values()) - now)
+
+    async def _recover(self, ready: list[Key]) -> None:
+        log.info(
+            "recovering partitions",
+            partitions=[f"{t}/{p}" for t, p in ready],
+            reasons=sorted({self._queue[k].reason for k in ready}),
+        )
+        try:
+            recovered, failed = await self._recovery.run(ready)
+            self._limit = self._batch
+        except Exception as exc:  # the fence or the end offsets: the whole batch failed
+            recovered, failed = {}, {key: exc for key in ready}
+            self._limit = 1  # one bad partition (a deleted topic) must not block the rest
+        for key, result in recovered.items():
+            self._opened(key, result)
+        for key, error in failed.items():
+            self._failed(key, error)
+        metrics.RECOVERING.set(len(self._queue))
+        async with self._recovered:
+            self._recovered.notify_all()
+
+    def _opened(self, key: Key, result: RecoveredPartition) -> None:
+        state = self.partitions.of(key)
+        state.token = result.token
+        state.cursor = AckCursor(result.end)
+        state.snapshot_generation = result.next_generation
+        state.snapshot_offset = None if result.snapshot is None else result.snapshot.offset
+        state.snapshot_ms = None if result.snapshot is None else result.snapshot.created_ms
+        state.snapshot_records = 0
+        state.snapshot_due = result.snapshot is None or result.snapshot.offset < result.end
+        state.failed = False
+        state.recovered = True
+        state.open.set()
+        self._queue.pop(key, None)
+        metrics.RECOVERIES.labels("ok").inc()
+
+    def _failed(self, key: Key, error: Exception) -> None:
+        queued = self._queue.pop(key, None)
+        if queued is None:
+            return
+        queued.failures += 1
+        first, longest = self._retry_s
+        pause = min(first * 2 ** (queued.failures - 1), longest)
+        queued.retry_at = asyncio.get_running_loop().time() + pause
+        self._queue[key] = queued  # to the back: the others go first
+        metrics.RECOVERIES.labels("failed").inc()
+        log.error(
+            "partition recovery failed; retrying",
+            topic=key[0],
+            partition=key[1],
+            error=f"{type(error).__name__}: {error}",
+            retry_in_s=pause,
+        )

@@ -1,0 +1,54 @@
+"""Dedup's settings: the Redis state, policies, identity headers, recovery and snapshots.
+
+Same sources and ``DEDUP_PROXY_`` prefix as the runtime's `ProxySettings`; the application
+(`dedup.app.settings`) combines both into one flat class.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from dedup.identity import DEFAULT_PRODUCER_HEADER, DEFAULT_SEQUENCE_HEADER
+
+
+class DedupSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="DEDUP_PROXY_",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    redis: str = Field(default="redis://127.0.0.1:16379/0", description="Redis URL")
+    dedup: bool = Field(
+        default=True,
+        description="dedup for topics without a policy (the proxy-wide default; --no-dedup)",
+    )
+    dedup_producer_header: str = Field(default=DEFAULT_PRODUCER_HEADER, min_length=1)
+    dedup_sequence_header: str = Field(default=DEFAULT_SEQUENCE_HEADER, min_length=1)
+    redis_key_prefix: str = Field(default="dedup", min_length=1)
+    policy_cache_s: float = Field(
+        default=1.0, ge=0, description="how long a proxy may use policies before re-reading"
+    )
+    max_producers_per_partition: int = Field(default=10_000, gt=0)
+    producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
+    instance_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="stable name of this proxy instance: a restart with the same name fences "
+        "the writes its previous run left in flight (default: from the listen address)",
+    )
+    snapshot_topic: str = Field(default="__dedup_snapshots", pattern=r"^[A-Za-z0-9._-]+$")
+    snapshot_topic_partitions: int = Field(default=1, gt=0)
+    snapshot_every_records: int = Field(default=1000, gt=0)
+    snapshot_every_s: float = Field(default=120.0, gt=0)
+    max_producers_per_snapshot: int = Field(default=10_000, gt=0)
+    ambiguous_write_give_up_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="after this long an ambiguous upstream write is given up on, and its "
+        "partition fenced and recovered from the log",
+    )
+    replay_timeout_s: float = Field(
+        default=60.0, gt=0, description="a replay that makes no progress this long fails"
+    )

@@ -1,0 +1,119 @@
+"""Reading topics back, straight from Kafka or through a proxy, and checking what they hold."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+
+def read_all(
+    bootstrap: str, topic: str, partition: int = 0
+) -> list[tuple[bytes, dict[str, bytes]]]:
+    """Every record of the partition, read straight from Kafka: (value, headers)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"r-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        records: list[tuple[bytes, dict[str, bytes]]] = []
+        deadline = time.monotonic() + 60
+        # Offsets are not all records: the proxy's fence leaves transaction markers.
+        while time.monotonic() < deadline:
+            (position,) = consumer.position([TopicPartition(topic, partition)])
+            if position.offset >= high:
+                break
+            for message in consumer.consume(1000, 0.5):
+                assert message.error() is None, message.error()
+                records.append((message.value(), dict(message.headers() or [])))
+        return records
+    finally:
+        consumer.close()
+
+
+def values(bootstrap: str, topic: str) -> list[bytes]:
+    return [value for value, _ in read_all(bootstrap, topic)]
+
+
+def end_offset(bootstrap: str, topic: str, partition: int = 0) -> int:
+    """The partition's high watermark: the offset the next write gets."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"e-{uuid.uuid4().hex}"})
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        return int(high)
+    finally:
+        consumer.close()
+
+
+def assert_exactly_once_in_order(written: list[bytes], total: int) -> None:
+    """The topic holds 0..total-1, each once, in order; else say what is wrong, briefly."""
+    numbers = [int(v) for v in written]
+    seen: set[int] = set()
+    duplicates = [n for n in numbers if n in seen or seen.add(n)]  # type: ignore[func-returns-value]
+    missing = sorted(set(range(total)) - seen)
+    jumps = [(a, b) for a, b in itertools.pairwise(numbers) if b != a + 1]
+    assert (duplicates, missing[:20], jumps[:20]) == ([], [], []), (
+        f"{len(duplicates)} duplicates {duplicates[:10]}, {len(missing)} missing, "
+        f"{len(jumps)} jumps"
+    )
+
+
+def consume_confluent(
+    bootstrap: str, topic: str, count: int, group: str | None = None
+) -> list[Message]:
+    """Up to ``count`` messages from the start of the topic, read as a consumer group member
+    (the group's offsets committed when ``group`` is given)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group or f"g-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    messages: list[Message] = []
+    try:
+        for _ in range(600):
+            if len(messages) >= count:
+                break
+            for message in consumer.consume(500, timeout=0.5):
+                assert message.error() is None, message.error()
+                messages.append(message)
+        if group is not None:
+            consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return messages
+
+
+def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> list[str]:
+    """Up to ``count`` values from the start of the topic, decoded."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"local-env-test-{uuid.uuid4().hex[:12]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    values: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(values) < count and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            values.append(msg.value().decode())
+    finally:
+        consumer.close()
+    return values

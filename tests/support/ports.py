@@ -1,0 +1,65 @@
+"""Every fixed port the tests use, in one place, so no two of them collide.
+
+All are away from the defaults (so a proxy or environment run by hand stays usable) and
+below Linux's ephemeral range, 32768+ (so an outgoing connection cannot be holding them).
+Integration sessions run one at a time (they share these ports and the local environment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deploy.config import Ports
+
+
+@dataclass(frozen=True)
+class ProxyPorts:
+    """A proxy's client listener, admin API and first per-broker listener."""
+
+    listen: int
+    admin: int
+    broker_base: int
+
+
+# --- proxies in front of the session's local environment ------------------------------------
+
+PASSTHROUGH = ProxyPorts(listen=28292, admin=28280, broker_base=28293)  # conftest `proxy`
+DEDUP = ProxyPorts(listen=28692, admin=28680, broker_base=28693)  # conftest `dedup_proxy`
+SHUTDOWN = ProxyPorts(listen=28392, admin=28380, broker_base=28393)  # test_faults
+RELAYED = ProxyPorts(listen=28792, admin=28780, broker_base=28793)  # test_dedup, behind RELAY_*
+IDLE_PURGE = ProxyPorts(listen=28992, admin=28980, broker_base=28993)  # test_dedup
+RECOVERY = ProxyPorts(listen=27092, admin=27080, broker_base=27093)  # test_recovery
+CHUNKS = ProxyPorts(listen=29192, admin=29180, broker_base=29193)  # test_chunks
+# test_pass_through: a proxy assembled without dedup.
+PASS_THROUGH_ONLY = ProxyPorts(listen=29392, admin=29380, broker_base=29393)
+
+# The relay that cuts connections (test_dedup): clients reach RELAYED only through it.
+RELAY_BOOTSTRAP = 28892
+RELAY_BROKER_BASE = 28893
+
+# --- environments of their own ----------------------------------------------------------------
+
+# test_cluster: three brokers, and the proxy in front of them.
+CLUSTER_ENV = Ports(kafka_base=20092, redis=16479)
+CLUSTER_PROXY = ProxyPorts(listen=28492, admin=28480, broker_base=28493)
+
+# test_batches_interop: one broker and Redis.
+BATCHES_ENV = Ports(kafka_base=21092, redis=16779)
+
+# test_dedup_state: a bare redis-server.
+DEDUP_STATE_REDIS = 16679
+
+# test_toxiproxy: the broker listens on 24192 (replication 24242, controller 24292) and
+# advertises 24200, where a Toxiproxy link forwards to it; a TCP echo server sits behind a
+# second link.
+TOXIPROXY_KAFKA_BASE = 24192
+TOXIPROXY_ADVERTISED_BASE = 24200
+TOXIPROXY_REDIS = 17379
+TOXIPROXY_API = 24474
+TOXIPROXY_ECHO_UPSTREAM = 24210
+TOXIPROXY_ECHO_LISTEN = 24211
+TOXIPROXY_ENV = Ports(
+    kafka_base=TOXIPROXY_KAFKA_BASE,
+    redis=TOXIPROXY_REDIS,
+    advertised_kafka_base=TOXIPROXY_ADVERTISED_BASE,
+)

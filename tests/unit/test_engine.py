@@ -1,0 +1,894 @@
+"""The produce path (`dedup.engine`) against in-memory fakes: no Kafka, no Redis.
+
+- `FakeState` keeps pushed / persisted per producer and answers the check with the rule of
+  `dedup/lua/check.lua` for plain sequences: NOT_DUP above pushed, DUP at or below
+  persisted (or raised by an earlier record of the same batch), else UNKNOWN, which refuses
+  the whole partition batch and changes nothing.
+- `FakeWriter` appends what it is asked to write to an in-memory log, or fails, raises,
+  loses or holds it, as each test scripts (`Step`). Like the real writer (Kafka's
+  sequence rule), a batch sent while an earlier one of its partition is in flight fails
+  if that one fails. It asks and tells the engine's hooks (`BatchToWrite.wanted`,
+  `.settled`) where the real writer does.
+- `FakeRecovery` rebuilds a partition from that log (the highest sequence per producer),
+  as `dedup.recovery` does from Kafka's, and can be held or made to fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import itertools
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kio.schema.produce.v11.request as produce_v11
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
+from kio.schema.types import TopicName, TransactionalId
+from kio.static.primitive import Records, i16, i32, i32Timedelta
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from dedup.batches import (
+    HEADER_PRODUCER,
+    HEADER_SEQUENCE,
+    Identity,
+    IdentityHeaders,
+    IncomingRecord,
+    build_batch,
+    read_batches,
+)
+from dedup.engine import DedupEngine, PartitionAnswer
+from dedup.fencing import FenceError
+from dedup.policies import Mode, PolicySnapshot
+from dedup.produce_filter import produce_response
+from dedup.recovery import RecoveredPartition
+from dedup.recovery_scheduler import RecoveryScheduler
+from dedup.state import PartitionCheck, PartitionVerdict, Persisted, Status
+from dedup.writer import WITHDRAWN, BatchToWrite, WriteResult
+from proxy.kafka.topology import Endpoint
+
+pytestmark = pytest.mark.unit
+
+Key = tuple[str, int]
+BROKER = Endpoint("kafka", 9092)
+P0: Key = ("orders", 0)
+P1: Key = ("orders", 1)
+Q0: Key = ("other", 0)
+NOW_MS = 1_700_000_000_000
+RETRIABLE_NOT_WRITTEN = {ErrorCode.not_enough_replicas, ErrorCode.not_leader_or_follower}
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+def records(producer: str, sequences: Sequence[int]) -> bytes:
+    """One record batch, each record with explicit identity headers (value ``v<seq>``)."""
+    batch = [
+        IncomingRecord(
+            offset_delta=i,
+            timestamp=NOW_MS,
+            key=None,
+            value=f"v{s}".encode(),
+            headers=((HEADER_PRODUCER, producer.encode()), (HEADER_SEQUENCE, str(s).encode())),
+            identity=Identity(producer, s),
+        )
+        for i, s in enumerate(sequences)
+    ]
+    return build_batch(
+        batch,
+        compression=0,
+        timestamp_type=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        add_identity_headers=False,
+    )
+
+
+def produce_request(
+    *parts: tuple[Key, bytes], transactional_id: str | None = None
+) -> produce_v11.ProduceRequest:
+    """Partitions in the given order; a topic named again gets an entry of its own."""
+    topics: list[tuple[str, list[produce_v11.PartitionProduceData]]] = []
+    for (topic, partition), data in parts:
+        entry = produce_v11.PartitionProduceData(index=i32(partition), records=Records(data))
+        if topics and topics[-1][0] == topic:
+            topics[-1][1].append(entry)
+        else:
+            topics.append((topic, [entry]))
+    return produce_v11.ProduceRequest(
+        transactional_id=None if transactional_id is None else TransactionalId(transactional_id),
+        acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=5)),
+        topic_data=tuple(
+            produce_v11.TopicProduceData(name=TopicName(name), partition_data=tuple(entries))
+            for name, entries in topics
+        ),
+    )
+
+
+def identities(data: bytes) -> list[tuple[str, int]]:
+    return [
+        (r.identity.producer, r.identity.sequence)
+        for batch in read_batches(data, from_log=True)
+        for r in batch.records
+        if r.identity is not None
+    ]
+
+
+def in_order(producer: str, sequences: Sequence[int]) -> list[tuple[str, int]]:
+    return [(producer, s) for s in sequences]
+
+
+# ----------------------------------------------------------------------------- fakes
+
+
+@dataclass
+class FakeState:
+    """The pushed / persisted maps and the check's rule, in memory (`ports.StateStore`)."""
+
+    pushed: dict[Key, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    persisted: dict[Key, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    tokens: dict[Key, str] = field(default_factory=dict)
+    checked: list[tuple[Key, list[tuple[str, int]]]] = field(default_factory=list)
+    now_ms: list[int] = field(default_factory=list)
+    hold_check: asyncio.Event | None = None  # the next check waits for it
+    fail_check: str | None = None  # "before" / "after" the script ran: the next check raises
+
+    async def check_and_push(
+        self, checks: Sequence[PartitionCheck], now_ms: int
+    ) -> list[PartitionVerdict]:
+        self.now_ms.append(now_ms)
+        hold, self.hold_check = self.hold_check, None
+        if hold is not None:
+            await hold.wait()
+        fail, self.fail_check = self.fail_check, None
+        if fail == "before":
+            raise RedisConnectionError("connection lost before the script ran")
+        verdicts = [self._check(check) for check in checks]
+        if fail == "after":
+            raise RedisConnectionError("connection lost after the script ran")
+        return verdicts
+
+    def _check(self, check: PartitionCheck) -> PartitionVerdict:
+        key = (check.topic, check.partition)
+        self.checked.append((key, list(check.identities)))
+        if check.token and self.tokens.get(key) != check.token:
+            return PartitionVerdict((), (), lost=True)
+        before = dict(self.pushed[key])
+        running = dict(before)
+        persisted = self.persisted[key]
+        statuses = []
+        for producer, sequence in check.identities:
+            current = running.get(producer)
+            if current is None or sequence > current:
+                statuses.append(Status.NOT_DUP)
+                running[producer] = sequence
+            elif producer in persisted and sequence <= persisted[producer]:
+                statuses.append(Status.DUP)
+            elif producer not in before or sequence > before[producer]:
+                statuses.append(Status.DUP)  # an earlier record of this very batch
+            else:
+                statuses.append(Status.UNKNOWN)
+        if Status.UNKNOWN not in statuses:
+            self.pushed[key] = running
+        return PartitionVerdict(tuple(statuses), (), sizes=(None,) * len(statuses))
+
+    async def reset_pushed(self, topic: str, partition: int, token: str | None = None) -> bool:
+        key = (topic, partition)
+        if token and self.tokens.get(key) != token:
+            return False
+        self.pushed[key] = dict(self.persisted[key])
+        return True
+
+    async def mark_persisted(
+        self,
+        updates: Sequence[tuple[str, int, Mapping[str, Persisted]]],
+        now_ms: int,
+        tokens: Sequence[str | None] | None = None,
+    ) -> list[int]:
+        lost = []
+        for i, ((topic, partition, highest), token) in enumerate(
+            zip(updates, tokens or [None] * len(updates), strict=True)
+        ):
+            key = (topic, partition)
+            if token and self.tokens.get(key) != token:
+                lost.append(i)
+                continue
+            for producer, position in highest.items():
+                assert isinstance(position, int)
+                persisted = max(position, self.persisted[key].get(producer, position))
+                self.persisted[key][producer] = persisted
+                self.pushed[key][producer] = max(persisted, self.pushed[key].get(producer, -1))
+        return lost
+
+    def load(self, key: Key, token: str, highest: Mapping[str, int]) -> None:
+        """What a recovery leaves: both maps from the log, a new token."""
+        self.tokens[key] = token
+        self.pushed[key] = dict(highest)
+        self.persisted[key] = dict(highest)
+
+    def forget(self, key: Key) -> None:
+        """Redis flushed."""
+        self.tokens.pop(key, None)
+        self.pushed.pop(key, None)
+        self.persisted.pop(key, None)
+
+
+@dataclass
+class Step:
+    """What the fake writer does with one submit (all its batches alike)."""
+
+    outcome: str = "written"  # "written", "failed" (definitely not) or "unresolved"
+    landed: bool = False  # unresolved or lost: whether the write is in the log after all
+    hold: asyncio.Event | None = None  # the outcome waits for it
+    raises: Exception | None = None  # submit raises it: nothing assigned
+    lost: Exception | None = None  # the outcome's future fails with it
+    code: int = ErrorCode.not_leader_or_follower  # for "failed"
+
+
+@dataclass
+class FakeWriter:
+    """An idempotent writer over an in-memory log (`ports.Writer`)."""
+
+    log: dict[Key, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
+    script: deque[Step] = field(default_factory=deque)
+    submitted: list[list[tuple[Key, list[tuple[str, int]]]]] = field(default_factory=list)
+    withdrawn: list[Key] = field(default_factory=list)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    # Per partition, the outcomes still to come of the batches in flight, in order.
+    in_flight: dict[Key, list[asyncio.Future[WriteResult]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+
+    async def submit(
+        self, broker: Endpoint, batches: Sequence[BatchToWrite], timeout_ms: int
+    ) -> asyncio.Future[list[WriteResult]]:
+        step = self.script.popleft() if self.script else Step()
+        if step.raises is not None:
+            raise step.raises
+        loop = asyncio.get_running_loop()
+        planned: list[_Planned] = []
+        for batch in batches:  # the real writer asks `wanted` as each takes its sequence
+            key = (batch.topic, batch.partition)
+            if batch.wanted is not None and not batch.wanted():
+                self.withdrawn.append(key)
+                planned.append(_Planned(batch, None, [], None))
+                continue
+            ahead = list(self.in_flight[key])
+            resolved: asyncio.Future[WriteResult] = loop.create_future()
+            self.in_flight[key].append(resolved)
+            planned.append(_Planned(batch, identities(batch.build(7, 0, 0)), ahead, resolved))
+        self.submitted.append(
+            [((p.batch.topic, p.batch.partition), p.ids) for p in planned if p.ids is not None]
+        )
+        outcome: asyncio.Future[list[WriteResult]] = loop.create_future()
+        task = asyncio.create_task(self._complete(step, planned, outcome))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return outcome
+
+    async def _complete(
+        self, step: Step, planned: list[_Planned], outcome: asyncio.Future[list[WriteResult]]
+    ) -> None:
+        if step.hold is not None:
+            await step.hold.wait()
+        results = []
+        for entry in planned:
+            if entry.ids is None or entry.resolved is None:
+                results.append(WITHDRAWN)
+                continue
+            result = self._outcome(step, entry, await _worst(entry.ahead))
+            if entry.batch.settled is not None and step.lost is None:
+                entry.batch.settled(result)  # as the real writer: before a later batch goes
+            entry.resolved.set_result(result)
+            self.in_flight[(entry.batch.topic, entry.batch.partition)].remove(entry.resolved)
+            results.append(result)
+        if step.lost is not None:
+            outcome.set_exception(step.lost)
+        else:
+            outcome.set_result(results)
+
+    def _outcome(self, step: Step, entry: _Planned, ahead: WriteResult | None) -> WriteResult:
+        key = (entry.batch.topic, entry.batch.partition)
+        if ahead is not None and ahead.unresolved:  # as the real writer: give up too
+            return WriteResult(False, ErrorCode.not_leader_or_follower, unresolved=True)
+        if ahead is not None:  # Kafka refuses a batch whose predecessor is missing
+            return WriteResult(False, ErrorCode.not_enough_replicas, error_message="gap")
+        written = step.outcome == "written" and step.lost is None
+        base = len(self.log[key])
+        if written or step.landed:
+            self.log[key] += entry.ids or []
+        if written:
+            return WriteResult(True, base_offset=base)
+        if step.outcome == "unresolved" or step.lost is not None:
+            return WriteResult(False, ErrorCode.not_leader_or_follower, unresolved=True)
+        return WriteResult(False, step.code, error_message="scripted failure")
+
+
+@dataclass
+class _Planned:
+    batch: BatchToWrite
+    ids: list[tuple[str, int]] | None  # None: withdrawn
+    ahead: list[asyncio.Future[WriteResult]]  # of its partition, in flight when it was sent
+    resolved: asyncio.Future[WriteResult] | None
+
+
+async def _worst(ahead: list[asyncio.Future[WriteResult]]) -> WriteResult | None:
+    """The first of these outcomes that is not written (None: all written)."""
+    for result in [await future for future in ahead]:
+        if not result.written:
+            return result
+    return None
+
+
+@dataclass
+class FakeRecovery:
+    """Rebuilds partitions from the fake log (`ports.PartitionRecovery`)."""
+
+    state: FakeState
+    writer: FakeWriter
+    calls: list[list[Key]] = field(default_factory=list)
+    hold: asyncio.Event | None = None  # every run waits for it
+    failing: dict[Key, int] = field(default_factory=dict)  # key -> runs left that fail it
+    unfenceable: set[Key] = field(default_factory=set)  # a run holding one raises
+    _tokens: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    async def run(
+        self, partitions: Sequence[Key]
+    ) -> tuple[dict[Key, RecoveredPartition], dict[Key, Exception]]:
+        self.calls.append(list(partitions))
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.unfenceable & set(partitions):
+            raise FenceError("the fence timed out")
+        recovered: dict[Key, RecoveredPartition] = {}
+        failed: dict[Key, Exception] = {}
+        for key in partitions:
+            if self.failing.get(key, 0) > 0:
+                self.failing[key] -= 1
+                failed[key] = RuntimeError("replay failed")
+                continue
+            highest: dict[str, int] = {}
+            for producer, sequence in self.writer.log[key]:
+                highest[producer] = max(sequence, highest.get(producer, sequence))
+            token = f"token-{next(self._tokens)}"
+            self.state.load(key, token, highest)
+            end = len(self.writer.log[key])
+            recovered[key] = RecoveredPartition(*key, token, end, None, 0, end, len(highest), 0.0)
+        return recovered, failed
+
+
+@dataclass
+class FixedPolicies:
+    policies: PolicySnapshot = field(default_factory=lambda: PolicySnapshot(Mode.ENABLED))
+
+    async def snapshot(self) -> PolicySnapshot:
+        return self.policies
+
+
+@dataclass
+class FakeClock:
+    now_ms: int = NOW_MS
+
+    def clock_ms(self) -> int:
+        return self.now_ms
+
+
+@dataclass
+class Rig:
+    state: FakeState
+    writer: FakeWriter
+    recovery: FakeRecovery
+    scheduler: RecoveryScheduler
+    engine: DedupEngine
+
+    async def admit(self, *parts: tuple[Key, bytes]) -> asyncio.Task[dict[Key, PartitionAnswer]]:
+        """Admit one request now (its place in line) and start it, without waiting."""
+        request = produce_request(*parts)
+        admission = await self.engine.admit(request)
+        assert admission is not None
+        return asyncio.create_task(self.engine.produce(request, admission, BROKER))
+
+    async def send(self, *parts: tuple[Key, bytes]) -> dict[Key, PartitionAnswer]:
+        return await asyncio.wait_for(await self.admit(*parts), 5)
+
+    async def settle(self) -> None:
+        """Until the background work (resets, recoveries, persisted flushes) is done."""
+        for _ in range(3):
+            await asyncio.sleep(0.05)
+            await self.engine.flush_persisted()
+
+
+@contextlib.asynccontextmanager
+async def running(
+    *,
+    first_use_wait_s: float = 2.0,
+    retry_s: tuple[float, float] = (0.01, 0.05),
+    policies: PolicySnapshot | None = None,
+) -> AsyncIterator[Rig]:
+    state, writer = FakeState(), FakeWriter()
+    recovery = FakeRecovery(state, writer)
+    scheduler = RecoveryScheduler(recovery, retry_s=retry_s)
+    engine = DedupEngine(
+        state,
+        FixedPolicies(policies or PolicySnapshot(Mode.ENABLED)),
+        writer,
+        IdentityHeaders(),
+        scheduler,
+        FakeClock(),
+        first_use_wait_s=first_use_wait_s,
+        settle_wait_s=2.0,
+    )
+    try:
+        yield Rig(state, writer, recovery, scheduler, engine)
+    finally:
+        await scheduler.close()
+        await engine.close()
+
+
+def ok(answer: PartitionAnswer) -> bool:
+    return answer.error_code == 0
+
+
+def retriable_not_written(answer: PartitionAnswer) -> bool:
+    return answer.error_code in RETRIABLE_NOT_WRITTEN
+
+
+# ----------------------------------------------------------------------------- answers
+
+
+async def test_new_records_are_written_once_and_answered_with_their_offset() -> None:
+    async with running() as rig:
+        first = await rig.send((P0, records("p", [0, 1, 2])))
+        second = await rig.send((P0, records("p", [3])))
+        assert first[P0] == PartitionAnswer(base_offset=0)
+        assert second[P0] == PartitionAnswer(base_offset=3)
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
+        assert rig.recovery.calls == [[P0]], "recovered once, on first use"
+        assert set(rig.state.now_ms) == {NOW_MS}, "the check is stamped with the given clock"
+
+
+async def test_a_resent_batch_is_dropped_answered_success_with_base_offset_minus_one() -> None:
+    async with running() as rig:
+        await rig.send((P0, records("p", [0, 1])))
+        await rig.settle()
+        again = await rig.send((P0, records("p", [0, 1])))
+        assert ok(again[P0]) and again[P0].base_offset == -1
+        assert rig.writer.log[P0] == in_order("p", [0, 1])
+        assert len(rig.writer.submitted) == 1, "nothing to write: the writer is not called"
+
+
+async def test_a_batch_mixing_duplicates_and_new_records_writes_only_the_new() -> None:
+    async with running() as rig:
+        await rig.send((P0, records("p", [0, 1])))
+        await rig.settle()
+        mixed = await rig.send((P0, records("p", [1, 2, 3])))
+        assert ok(mixed[P0]) and mixed[P0].base_offset == -1, "never a wrong offset"
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
+
+
+async def test_unknown_records_are_refused_retriable_and_nothing_is_written() -> None:
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        in_flight = asyncio.Event()
+        rig.writer.script.append(Step(hold=in_flight))
+        first = await rig.admit((P0, records("p", [1, 2])))
+        await asyncio.sleep(0.05)  # written, not yet acknowledged: pushed, not persisted
+        resent = await rig.send((P0, records("p", [1, 2])))
+        assert resent[P0].error_code == ErrorCode.not_enough_replicas
+        assert len(rig.writer.submitted) == 2, "the UNKNOWN batch never reached the writer"
+        in_flight.set()
+        assert (await first)[P0] == PartitionAnswer(base_offset=1)
+        await rig.settle()
+        retried = await rig.send((P0, records("p", [1, 2])))
+        assert ok(retried[P0]) and retried[P0].base_offset == -1
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+
+
+async def test_transactional_requests_and_topics_with_dedup_disabled_are_left_to_kafka() -> None:
+    disabled = PolicySnapshot(Mode.ENABLED, topics={"raw": Mode.DISABLED})
+    async with running(policies=disabled) as rig:
+        data = records("p", [0])
+        transactional = produce_request((P0, data), transactional_id="tx")
+        assert await rig.engine.admit(transactional) is None
+        assert await rig.engine.admit(produce_request((("raw", 0), data))) is None
+        assert await rig.engine.admit(produce_request((P0, data))) is not None
+
+
+# ----------------------------------------------------------------------------- order
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(start_order=st.permutations(range(5)))
+def test_pipelined_requests_are_checked_and_written_in_arrival_order(
+    start_order: list[int],
+) -> None:
+    """However the tasks happen to be scheduled, each partition's requests are checked
+    and written in the order they arrived (the first even waits for the recovery)."""
+
+    async def scenario() -> None:
+        async with running() as rig:
+            requests = [
+                produce_request((P0, records("p", [2 * n, 2 * n + 1])), (P1, records("q", [n])))
+                for n in range(5)
+            ]
+            admissions = [await rig.engine.admit(request) for request in requests]
+            tasks: dict[int, asyncio.Task[dict[Key, PartitionAnswer]]] = {}
+            for n in start_order:
+                admission = admissions[n]
+                assert admission is not None
+                tasks[n] = asyncio.create_task(rig.engine.produce(requests[n], admission, BROKER))
+            answers = [await asyncio.wait_for(tasks[n], 5) for n in range(5)]
+            assert [a[P0].base_offset for a in answers] == [0, 2, 4, 6, 8]
+            assert [a[P1].base_offset for a in answers] == [0, 1, 2, 3, 4]
+            assert [ids for key, ids in rig.state.checked if key == P0] == [
+                in_order("p", [2 * n, 2 * n + 1]) for n in range(5)
+            ]
+            assert rig.writer.log[P0] == in_order("p", range(10))
+            assert rig.writer.log[P1] == in_order("q", range(5))
+
+    asyncio.run(scenario())
+
+
+async def test_a_later_request_is_not_checked_while_an_earlier_one_waits_for_redis() -> None:
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        slow_redis = asyncio.Event()
+        rig.state.hold_check = slow_redis
+        first = await rig.admit((P0, records("p", [1])))
+        second = await rig.admit((P0, records("p", [2])))
+        await asyncio.sleep(0.05)
+        assert [ids for _, ids in rig.state.checked] == [in_order("p", [0])]
+        slow_redis.set()
+        assert [(await t)[P0].base_offset for t in (first, second)] == [1, 2]
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+
+
+# ----------------------------------------------------------------------------- failed writes
+
+
+async def test_a_failed_write_resets_the_partition_so_the_retry_is_written() -> None:
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        rig.writer.script.append(Step(outcome="failed"))
+        failed = await rig.send((P0, records("p", [1, 2])))
+        assert failed[P0].error_code == ErrorCode.not_leader_or_follower
+        retried = await rig.send((P0, records("p", [1, 2])))
+        assert retried[P0] == PartitionAnswer(base_offset=1)
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+
+
+async def test_a_request_in_flight_behind_a_failed_write_fails_with_it_and_both_retry() -> None:
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        await rig.settle()
+        fails = asyncio.Event()
+        rig.writer.script.append(Step(outcome="failed", hold=fails))
+        first = await rig.admit((P0, records("p", [1, 2])))
+        second = await rig.admit((P0, records("p", [3, 4])))
+        await asyncio.sleep(0.05)
+        assert len(rig.writer.submitted) == 3, "both in flight"
+        fails.set()
+        answers = [await asyncio.wait_for(t, 5) for t in (first, second)]
+        assert retriable_not_written(answers[0][P0]) and retriable_not_written(answers[1][P0])
+        assert (await rig.send((P0, records("p", [1, 2]))))[P0] == PartitionAnswer(base_offset=1)
+        assert (await rig.send((P0, records("p", [3, 4]))))[P0] == PartitionAnswer(base_offset=3)
+        assert rig.writer.log[P0] == in_order("p", range(5))
+
+
+async def test_a_request_reaching_the_partition_after_an_earlier_one_failed_is_refused() -> None:
+    """The later request waits on another partition of its own (a first use) while the
+    earlier one fails. Before: once the partition was reset it was written, ahead of the
+    failed one's retry, which then read as an old duplicate: answered success, never
+    written (records 1 and 2 lost)."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        await rig.settle()
+        rig.recovery.hold = replaying = asyncio.Event()  # P1's first use waits
+        rig.writer.script.append(Step(outcome="failed", hold=(fails := asyncio.Event())))
+        first = await rig.admit((P0, records("p", [1, 2])))
+        second = await rig.admit((P1, records("q", [0])), (P0, records("p", [3, 4])))
+        await asyncio.sleep(0.05)
+        fails.set()
+        assert retriable_not_written((await asyncio.wait_for(first, 5))[P0])
+        await rig.settle()  # the partition is reset meanwhile
+        replaying.set()
+        answers = await asyncio.wait_for(second, 5)
+        assert answers[P1] == PartitionAnswer(base_offset=0)
+        assert retriable_not_written(answers[P0]), "sent before the failure was known"
+        assert rig.writer.log[P0] == in_order("p", [0])
+        # The client retries both, in order: both are written, nothing is lost.
+        assert (await rig.send((P0, records("p", [1, 2]))))[P0] == PartitionAnswer(base_offset=1)
+        assert (await rig.send((P0, records("p", [3, 4]))))[P0] == PartitionAnswer(base_offset=3)
+        assert rig.writer.log[P0] == in_order("p", range(5))
+
+
+async def test_a_failure_told_while_a_later_request_is_in_its_check_withdraws_that_one() -> None:
+    """The writer tells the failure before a later batch can take a sequence: the later
+    request, checked meanwhile, is withdrawn instead of reaching the log first."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        await rig.settle()
+        answer_held = asyncio.Event()
+        rig.writer.script.append(Step(outcome="failed", hold=answer_held))
+        first = await rig.admit((P0, records("p", [1])))
+        await asyncio.sleep(0.05)  # submitted; its answer is held
+        slow_redis = asyncio.Event()
+        rig.state.hold_check = slow_redis
+        second = await rig.admit((P0, records("p", [2])))
+        await asyncio.sleep(0.05)  # the second is in its check
+        answer_held.set()  # the first fails: the writer tells the engine at once
+        await asyncio.sleep(0)
+        slow_redis.set()
+        answers = [await asyncio.wait_for(t, 5) for t in (first, second)]
+        assert retriable_not_written(answers[0][P0]) and retriable_not_written(answers[1][P0])
+        assert rig.writer.withdrawn == [P0]
+        assert (await rig.send((P0, records("p", [1]))))[P0] == PartitionAnswer(base_offset=1)
+        assert (await rig.send((P0, records("p", [2]))))[P0] == PartitionAnswer(base_offset=2)
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+
+
+async def test_a_refusal_refuses_neither_other_partitions_nor_requests_sent_after_it() -> None:
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])), (P1, records("q", [0])))
+        rig.writer.script.append(Step(outcome="failed"))
+        await rig.send((P0, records("p", [1])))
+        on_other = await rig.send((P1, records("q", [1])))
+        retry = await rig.send((P0, records("p", [1])))
+        assert on_other[P1] == PartitionAnswer(base_offset=1)
+        assert retry[P0] == PartitionAnswer(base_offset=1), "admitted after the answer went out"
+
+
+async def test_a_fence_error_from_the_writer_leaves_the_partition_accepting_the_retry() -> None:
+    """Before: the error escaped the engine with pushed raised and nothing in flight; no
+    reset followed, so the retry read as UNKNOWN and was refused forever."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        rig.writer.script.append(Step(raises=FenceError("no transaction coordinator")))
+        refused = await rig.send((P0, records("p", [1])))
+        assert refused[P0].error_code == ErrorCode.not_enough_replicas
+        retried = await rig.send((P0, records("p", [1])))
+        assert retried[P0] == PartitionAnswer(base_offset=1)
+        assert rig.writer.log[P0] == in_order("p", [0, 1])
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        Step(raises=RuntimeError("a bug in the writer")),
+        Step(raises=ValueError("a batch that does not build")),
+        Step(lost=RuntimeError("the outcome was lost"), landed=False),
+        Step(lost=RuntimeError("the outcome was lost"), landed=True),
+        Step(outcome="unresolved", landed=False),
+        Step(outcome="unresolved", landed=True),
+    ],
+    ids=[
+        "raises",
+        "raises-value-error",
+        "lost",
+        "lost-but-landed",
+        "ambiguous",
+        "ambiguous-landed",
+    ],
+)
+async def test_any_writer_failure_is_answered_retriable_and_the_retry_is_written_once(
+    step: Step,
+) -> None:
+    """Where the write's fate is unknown, the partition is recovered from the log, which
+    tells whether the retry is new or a duplicate."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        rig.writer.script.append(step)
+        refused = await rig.send((P0, records("p", [1, 2])))
+        assert retriable_not_written(refused[P0])
+        retried = await rig.send((P0, records("p", [1, 2])))
+        assert ok(retried[P0])
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+        recovered_again = len(rig.recovery.calls) > 1
+        assert recovered_again == (step.lost is not None or step.outcome == "unresolved")
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_redis_failing_the_check_refuses_and_the_retry_is_accepted_after_the_reset(
+    when: str,
+) -> None:
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        rig.state.fail_check = when  # the script did not run, or ran and the reply was lost
+        refused = await rig.send((P0, records("p", [1])))
+        assert refused[P0].error_code == ErrorCode.not_enough_replicas
+        retried = await rig.send((P0, records("p", [1])))
+        assert retried[P0] == PartitionAnswer(base_offset=1)
+
+
+async def test_state_lost_in_redis_recovers_the_partition_and_the_retry_is_accepted() -> None:
+    async with running() as rig:
+        await rig.send((P0, records("p", [0, 1])))
+        await rig.settle()
+        rig.state.forget(P0)
+        lost = await rig.send((P0, records("p", [2])))
+        assert lost[P0].error_code == ErrorCode.not_leader_or_follower
+        resent = await rig.send((P0, records("p", [1, 2])))
+        assert ok(resent[P0]) and resent[P0].base_offset == -1
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2]), "1 read back from the log"
+
+
+# ----------------------------------------------------------------------------- one request
+
+
+@pytest.mark.parametrize("same_topic_entry", [True, False], ids=["one-entry", "topic-twice"])
+async def test_a_partition_named_twice_keeps_its_last_data_like_kafka_and_never_hangs(
+    same_topic_entry: bool,
+) -> None:
+    """Kafka's broker keeps one entry per partition, the last (KafkaApis'
+    handleProduceRequest), and answers it; before, the request waited on its own place in
+    line forever, and so did every later request for that partition."""
+    async with running() as rig:
+        first, last, other = (
+            (P0, records("p", [0])),
+            (P0, records("p", [1])),
+            (Q0, records("q", [0])),
+        )
+        if same_topic_entry:
+            request = produce_request(first, last, other)
+        else:  # the topic listed twice, each entry naming partition 0
+            request = produce_request(first, other, last)
+        assert len(request.topic_data) == (2 if same_topic_entry else 3)
+        admission = await rig.engine.admit(request)
+        assert admission is not None
+        answers = await asyncio.wait_for(rig.engine.produce(request, admission, BROKER), 5)
+        assert answers == {P0: PartitionAnswer(base_offset=0), Q0: PartitionAnswer(base_offset=0)}
+        assert rig.writer.log[P0] == in_order("p", [1])
+        # The client gets one entry per partition and per topic, as from Kafka.
+        response: Any = produce_response(9, answers, request)
+        entries = [
+            (str(t.name), int(p.index)) for t in response.responses for p in t.partition_responses
+        ]
+        assert sorted(entries) == sorted([P0, Q0])
+        later = await rig.send((P0, records("p", [2])))
+        assert later[P0] == PartitionAnswer(base_offset=1)
+
+
+# ----------------------------------------------------------------------------- recovery
+
+
+async def test_a_partition_whose_recovery_fails_is_retried_while_the_others_open() -> None:
+    async with running() as rig:
+        rig.recovery.failing[P1] = 3
+        both = await rig.admit((P0, records("p", [0])), (P1, records("q", [0])))
+        other = await rig.send((("other", 0), records("r", [0])))
+        assert other[("other", 0)] == PartitionAnswer(base_offset=0)
+        answers = await asyncio.wait_for(both, 5)
+        assert answers[P0] == PartitionAnswer(base_offset=0)
+        assert answers[P1] == PartitionAnswer(base_offset=0), "retried until it recovered"
+        assert sum(P1 in call for call in rig.recovery.calls) == 4
+
+
+async def test_one_partition_failing_its_whole_recovery_batch_does_not_starve_the_rest() -> None:
+    """Before: after the batch failed, the bad partition (first in the queue) was retried
+    alone, again and again; the others were never tried."""
+    async with running() as rig:
+        bad = ("deleted", 0)
+        rig.recovery.unfenceable.add(bad)
+        rig.engine.request_recovery([bad, P0, P1], "proxy start")
+        assert await rig.engine.wait_recovered([P0, P1], 3)
+        assert not rig.scheduler.partitions.of(bad).recovered
+        rig.recovery.unfenceable.clear()
+        assert await rig.engine.wait_recovered([bad], 3), "and it is still retried"
+
+
+async def test_a_partition_first_used_while_another_backs_off_is_recovered_at_once() -> None:
+    """Before: the retry pause of a failing partition held back every recovery queued
+    after it; a first use during a long pause was answered 'retry' after the wait."""
+    async with running(retry_s=(30.0, 30.0), first_use_wait_s=2.0) as rig:
+        bad = ("deleted", 0)
+        rig.recovery.failing[bad] = 1_000
+        rig.engine.request_recovery([bad], "proxy start")
+        await asyncio.sleep(0.1)  # failed once, now in a 30 s pause
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        answers = await rig.send((P0, records("p", [0])))
+        assert answers[P0] == PartitionAnswer(base_offset=0)
+        assert loop.time() - started < 1.0
+
+
+async def test_first_use_waits_in_line_for_the_recovery_then_writes_in_order() -> None:
+    async with running(first_use_wait_s=2.0) as rig:
+        replaying = asyncio.Event()
+        rig.recovery.hold = replaying
+        first = await rig.admit((P0, records("p", [0])))
+        second = await rig.admit((P0, records("p", [1])))
+        await asyncio.sleep(0.2)
+        assert rig.state.checked == []
+        replaying.set()
+        assert [(await t)[P0].base_offset for t in (first, second)] == [0, 1]
+
+
+async def test_first_use_wait_running_out_tells_the_request_and_those_behind_it_to_retry() -> None:
+    async with running(first_use_wait_s=0.1) as rig:
+        replaying = asyncio.Event()
+        rig.recovery.hold = replaying
+        first = await rig.admit((P0, records("p", [0])))
+        second = await rig.admit((P0, records("p", [1])))
+        answers = [await asyncio.wait_for(t, 5) for t in (first, second)]
+        assert answers[0][P0].error_code == ErrorCode.not_leader_or_follower
+        assert retriable_not_written(answers[1][P0]), "behind a refused one: refused too"
+        assert rig.state.checked == [] and rig.writer.log[P0] == []
+        replaying.set()
+        assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=0)
+        assert (await rig.send((P0, records("p", [1]))))[P0] == PartitionAnswer(base_offset=1)
+
+
+# ----------------------------------------------------------------------------- a property
+
+FAULTS = [
+    "none",
+    "write-failed",
+    "fence-error",
+    "writer-raises",
+    "ambiguous",
+    "ambiguous-landed",
+    "outcome-lost",
+    "outcome-lost-landed",
+    "redis-before",
+    "redis-after",
+    "state-flushed",
+]
+
+
+def _inject(rig: Rig, fault: str) -> None:
+    steps = {
+        "write-failed": Step(outcome="failed"),
+        "fence-error": Step(raises=FenceError("fence timed out")),
+        "writer-raises": Step(raises=RuntimeError("bug")),
+        "ambiguous": Step(outcome="unresolved"),
+        "ambiguous-landed": Step(outcome="unresolved", landed=True),
+        "outcome-lost": Step(lost=RuntimeError("lost")),
+        "outcome-lost-landed": Step(lost=RuntimeError("lost"), landed=True),
+    }
+    if fault in steps:
+        rig.writer.script.append(steps[fault])
+    elif fault.startswith("redis-"):
+        rig.state.fail_check = fault.removeprefix("redis-")
+    elif fault == "state-flushed":
+        rig.state.forget(P0)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.integers(1, 4), min_size=1, max_size=6),
+    faults=st.lists(st.sampled_from(FAULTS), max_size=10),
+)
+def test_a_producer_retrying_through_any_failures_gets_each_record_in_the_log_once_in_order(
+    sizes: list[int], faults: list[str]
+) -> None:
+    """One producer sends its batches one at a time and retries each until it is
+    acknowledged; whatever fails on the way, the log ends up with every record exactly
+    once, in order."""
+
+    async def scenario() -> None:
+        async with running(first_use_wait_s=1.0) as rig:
+            pending = deque(faults)
+            start = 0
+            for size in sizes:
+                sequences = list(range(start, start + size))
+                start += size
+                for _attempt in range(50):
+                    if pending:
+                        _inject(rig, pending.popleft())
+                    answers = await rig.send((P0, records("p", sequences)))
+                    if ok(answers[P0]):
+                        break
+                    assert retriable_not_written(answers[P0]), answers[P0]
+                    await asyncio.sleep(0.01)
+                else:
+                    pytest.fail(f"sequences {sequences} never acknowledged")
+            assert rig.writer.log[P0] == in_order("p", range(start))
+
+    asyncio.run(scenario())
