@@ -16,6 +16,9 @@ sent as chunks (`dedup.chunks`): one record per ``chunk_size`` bytes, all with t
 sequence id and key, the caller's headers and the four chunk headers, in order, to one
 partition (the key's, or for a message without key, one picked from the message's uuid and
 the topic's partition count, so that a restarted producer re-sends it to the same one).
+A message without key and without ``partition`` goes to a partition picked the same way
+from (producer name, sequence id), whole or chunked: dedup is per partition, so a re-send
+must meet its first send (a client's own partitioner picks at random for such messages).
 ``on_delivery`` is called once per message: at the first chunk that failed, or with the
 last chunk once every chunk is delivered. Messages above ``max_message_size``
 (default 64 MiB) are refused with ValueError. `dedup.chunked_consumer` reassembles them.
@@ -116,13 +119,13 @@ class DedupProducer:
             (DEFAULT_PRODUCER_HEADER, self.producer_name.encode()),
             (DEFAULT_SEQUENCE_HEADER, str(sequence_id).encode()),
         ]
+        # Pulsar's uuid: a restarted producer re-sends a message under the same one.
+        uuid_text = f"{self.producer_name}-{sequence_id}"
+        if partition is None and key is None:  # where its first send went (and every chunk)
+            partition = self._partition_for(topic, uuid_text)
         if data is None or len(data) <= self.chunk_size:
             self._produce(topic, data, key, [*(headers or []), *identity], partition, on_delivery)
         else:
-            # Pulsar's uuid: a restarted producer re-sends a message under the same one.
-            uuid_text = f"{self.producer_name}-{sequence_id}"
-            if partition is None and key is None:  # every chunk to the same partition
-                partition = self._partition_for(topic, uuid_text)
             chunks = split_payload(data, self.chunk_size)
             whole = _WholeMessage(len(chunks), on_delivery)
             for chunk_id, chunk in enumerate(chunks):

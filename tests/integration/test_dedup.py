@@ -146,6 +146,25 @@ def test_restarted_producer_resumes_and_blind_resend_adds_nothing(
     assert values(local_env.bootstrap, topic) == [f"v{i}".encode() for i in range(11)]
 
 
+def test_unkeyed_messages_resent_by_a_restarted_producer_meet_their_first_send(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """Dedup is per partition: without a key, a message's partition comes from its producer
+    name and sequence id, so a restarted producer's re-send lands where the first send did
+    (a client's own partitioner would pick at random)."""
+    partitions = 4
+    topic = new_topic(local_env.bootstrap, partitions=partitions)
+    for _ in range(2):  # a fresh producer each time: nothing remembered in between
+        send_all(DedupProducer(dedup_proxy.bootstrap, "p-unkeyed"), topic, range(40))
+    found = [
+        (partition, value)
+        for partition in range(partitions)
+        for value, _ in read_all(local_env.bootstrap, topic, partition)
+    ]
+    assert sorted(value for _, value in found) == sorted(f"v{i}".encode() for i in range(40))
+    assert len({partition for partition, _ in found}) > 1, "spread over the partitions"
+
+
 def test_batch_mixing_duplicates_and_new_records_forwards_only_new(
     dedup_proxy: ProxyProcess, local_env: EnvInfo
 ) -> None:
