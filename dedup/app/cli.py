@@ -79,7 +79,7 @@ def serve(
     except ConfigError as exc:
         typer.echo(f"dedup-proxy: {exc}", err=True)
         raise typer.Exit(2) from exc
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, settings.log_stream)
     install_event_loop()
     try:
         asyncio.run(_serve(settings))

@@ -8,11 +8,13 @@ import sys
 import structlog
 
 
-def configure_logging(level: str = "info", fmt: str = "json") -> None:
+def configure_logging(level: str = "info", fmt: str = "json", stream: str = "stderr") -> None:
+    """``stream``: stderr (the default), or stdout where a container runtime reads logs."""
+    out = sys.stdout if stream == "stdout" else sys.stderr
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else structlog.dev.ConsoleRenderer(colors=out.isatty())
     )
     structlog.configure(
         processors=[
@@ -23,6 +25,6 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=True,
     )

@@ -68,6 +68,9 @@ class ProxySettings(BaseSettings):
     drain_timeout_s: float = Field(default=30.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
+    log_stream: Literal["stderr", "stdout"] = Field(
+        default="stderr", description="where log lines go (stdout in a container image)"
+    )
 
     @field_validator("upstream", mode="before")
     @classmethod
