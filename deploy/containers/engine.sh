@@ -114,17 +114,22 @@ start_engine() {
     command -v dockerd >/dev/null 2>&1 || unavailable "dockerd missing after installing docker.io"
     as_root true || unavailable "no engine answers, and starting one needs root"
     mkdir -p "$HOME_DIR/data" "$HOME_DIR/exec"
-    say "starting dockerd (state in $HOME_DIR)"
-    # No iptables rules: containers reach each other on their bridge and the host through
-    # published ports (the userland proxy, bound to loopback), and nothing else.
-    as_root setsid -f dockerd \
-        --data-root "$HOME_DIR/data" --exec-root "$HOME_DIR/exec" --pidfile "$PID_FILE" \
-        --host "unix://$SOCKET" --storage-driver=overlay2 \
-        --iptables=false --ip-masq=false --ip=127.0.0.1 \
-        >>"$LOG" 2>&1 </dev/null
+    # One of ours that runs but does not answer yet is still starting: wait for it.
+    if ! engine_running; then
+        rm -f "$PID_FILE" # left by a dockerd that was killed
+        say "starting dockerd (state in $HOME_DIR)"
+        # No iptables rules: containers reach each other on their bridge and the host
+        # through published ports (the userland proxy, bound to loopback), nothing else.
+        as_root setsid -f dockerd \
+            --data-root "$HOME_DIR/data" --exec-root "$HOME_DIR/exec" --pidfile "$PID_FILE" \
+            --host "unix://$SOCKET" --storage-driver=overlay2 \
+            --iptables=false --ip-masq=false --ip=127.0.0.1 \
+            >>"$LOG" 2>&1 </dev/null
+    fi
     local deadline=$((SECONDS + 60))
     until answers "unix://$SOCKET"; do
-        if [ "$SECONDS" -ge "$deadline" ] || ! engine_running; then
+        # dockerd writes its pid file early: once it has, its death ends the wait.
+        if [ "$SECONDS" -ge "$deadline" ] || { [ -f "$PID_FILE" ] && ! engine_running; }; then
             tail -n 20 "$LOG" >&2 || true
             unavailable "dockerd did not come up (log: $LOG)"
         fi
