@@ -124,7 +124,7 @@ start_engine() {
             --data-root "$HOME_DIR/data" --exec-root "$HOME_DIR/exec" --pidfile "$PID_FILE" \
             --host "unix://$SOCKET" --storage-driver=overlay2 \
             --iptables=false --ip-masq=false --ip=127.0.0.1 \
-            >>"$LOG" 2>&1 </dev/null
+            >>"$LOG" 2>&1 </dev/null 9>&- # not the lock: it outlives this script
     fi
     local deadline=$((SECONDS + 60))
     until answers "unix://$SOCKET"; do
