@@ -158,6 +158,10 @@ stop_engine() {
         [ "$SECONDS" -lt "$deadline" ] || { as_root kill -KILL "$pid" || true; break; }
         sleep 0.5
     done
+    # What it leaves mounted (the host's network namespace handle), innermost first, so
+    # that the state home can be deleted.
+    awk -v home="$HOME_DIR/" 'index($2, home) == 1 { print $2 }' /proc/mounts | sort -r |
+        while read -r mount; do as_root umount "$mount" || true; done
 }
 
 ensure_engine() {
