@@ -216,6 +216,7 @@ SECURITY="$(debian_uri debian-security)"
 # A minimal Debian with apt set up for images: no recommends, no documentation or locales.
 build_base() {
     local build="$1" rootfs="$1/rootfs"
+    as_root true || unavailable "building the base image needs root (debootstrap)"
     say "building $BASE_IMAGE with debootstrap from $MIRROR"
     quietly as_root debootstrap --variant=minbase "$SUITE" "$rootfs" "$MIRROR"
     {

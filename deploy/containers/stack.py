@@ -127,7 +127,11 @@ class ProxyContainer(DockerContainer):
         host_port: int,
         env: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(PROXY_IMAGE)
+        # Hardened as the Kubernetes manifest runs it: the proxy writes no files and needs
+        # no capability.
+        super().__init__(
+            PROXY_IMAGE, read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"]
+        )
         self.with_network(network)
         self.host_port = host_port
         # Published on loopback only, whatever the engine's default address: testcontainers
