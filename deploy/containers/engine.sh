@@ -107,10 +107,9 @@ find_engine() {
 }
 
 start_engine() {
-    local missing=()
-    command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
-    command -v docker >/dev/null 2>&1 || missing+=(docker.io)
-    [ "${#missing[@]}" -eq 0 ] || apt_install docker.io
+    if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; then
+        apt_install docker.io
+    fi
     command -v dockerd >/dev/null 2>&1 || unavailable "dockerd missing after installing docker.io"
     as_root true || unavailable "no engine answers, and starting one needs root"
     mkdir -p "$HOME_DIR/data" "$HOME_DIR/exec"
