@@ -22,6 +22,7 @@ WORKDIR /var/lib/kafka
 VOLUME /var/lib/kafka/data
 EXPOSE 9092 9093
 # Ready once the client listener accepts: the broker opens it when it has joined the cluster.
-HEALTHCHECK --interval=5s --timeout=3s --start-period=60s --retries=3 \
+# Failures count only after the start period, which a loaded machine may need for a quorum.
+HEALTHCHECK --interval=5s --timeout=3s --start-period=180s --retries=3 \
     CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/${KAFKA_HEALTH_PORT:-9092}"]
 ENTRYPOINT ["/opt/kafka/entrypoint.sh"]

@@ -61,7 +61,7 @@ ENV PATH=/opt/dedup-proxy/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
 USER 10001:10001
 # Admin, bootstrap, and brokers 0-2 (a broker N is served on 9193 + N - node_id_offset).
 EXPOSE 9190 9192 9193 9194 9195
-HEALTHCHECK --interval=5s --timeout=4s --start-period=30s --retries=3 \
+HEALTHCHECK --interval=5s --timeout=4s --start-period=60s --retries=3 \
     CMD ["/opt/dedup-proxy/bin/python", "/opt/dedup-proxy/healthcheck.py"]
 # SIGTERM: the proxy closes its listeners, sends every answer already owed (up to
 # drain_timeout_s, 30 s), and exits 0. Give `docker stop -t` more than that.
