@@ -1,4 +1,5 @@
-"""`local` commands: bring the local Kafka + Redis environment up and down, inject failures.
+"""`local` commands: bring the local Kafka + Redis environment up and down, inject failures;
+`local spark-cluster`: the same for a standalone Spark cluster.
 
 Human output goes through rich; with --json exactly one JSON object is printed on stdout
 (progress and errors go to stderr), so scripts can parse it."""
@@ -16,6 +17,7 @@ from rich.table import Table
 
 from deploy.local import EnvInfo, LocalEnvError, LocalEnvironment
 from deploy.paths import MissingRuntimeError
+from deploy.spark_cluster import MAX_WORKERS, ClusterShape, SparkCluster, SparkClusterError
 
 local_app = typer.Typer(
     name="local",
@@ -169,3 +171,102 @@ def start_redis(
     except (LocalEnvError, MissingRuntimeError) as exc:
         raise _fail(exc) from exc
     out.print("redis up")
+
+
+# --- the standalone Spark cluster ----------------------------------------------------------
+
+spark_cluster_app = typer.Typer(
+    name="spark-cluster",
+    help="A standalone Spark master and workers on loopback, for `spark run --master`.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+local_app.add_typer(spark_cluster_app)
+
+WorkerIndex = Annotated[int, typer.Argument(help="worker index (0..workers-1).", min=0)]
+
+
+@spark_cluster_app.command("up")
+def spark_cluster_up(
+    workers: Annotated[int, typer.Option(help="workers", min=1, max=MAX_WORKERS)] = 2,
+    cores: Annotated[int, typer.Option(help="cores each worker offers", min=1)] = 1,
+    memory: Annotated[str, typer.Option(help="memory each worker offers executors")] = "1g",
+    json_output: JsonFlag = False,
+) -> None:
+    """Start the master and the workers (only what is not running); wait until the master
+    lists every worker."""
+    started = time.monotonic()
+    try:
+        info = SparkCluster().up(ClusterShape(workers=workers, cores=cores, memory=memory))
+    except (SparkClusterError, MissingRuntimeError) as exc:
+        raise _fail(exc) from exc
+    if json_output:
+        _print_json(info.to_json())
+        return
+    out.print(f"[green]spark cluster up in {time.monotonic() - started:.1f}s[/]")
+    out.print(f"  master     {info.master_url}  (status {info.master_ui})", highlight=False)
+    for index, address in sorted(info.workers.items()):
+        out.print(f"  worker {index}   {address}", highlight=False)
+
+
+@spark_cluster_app.command("down")
+def spark_cluster_down(
+    purge: Annotated[
+        bool, typer.Option("--purge", help="Also delete logs and executor directories.")
+    ] = False,
+) -> None:
+    """Stop the workers (and their executors) and the master."""
+    SparkCluster().down(purge=purge)
+    out.print("spark cluster down" + (" and purged" if purge else ""))
+
+
+@spark_cluster_app.command("status")
+def spark_cluster_status(json_output: JsonFlag = False) -> None:
+    """Show the processes, whether the master lists each worker, and the applications."""
+    data = SparkCluster().status()
+    if json_output:
+        _print_json(data)
+        return
+    if not data["created"]:
+        out.print(f"no spark cluster in {data['home']}")
+        return
+    out.print(f"spark cluster in {data['home']}", highlight=False)
+    table = Table()
+    for column in ("process", "address", "pid", "state"):
+        table.add_column(column)
+    master = data["master_process"]
+    table.add_row("master", data["master"], _pid(master), _cluster_state(master, "answering"))
+    for index, proc in data["worker_processes"].items():
+        state = _cluster_state(proc, "registered")
+        if proc["running"] and proc["registered"]:
+            state += f", {proc['cores_used']} core(s) in use"
+        table.add_row(f"worker {index}", proc["address"], _pid(proc), state)
+    out.print(table)
+    for app in data["applications"]:
+        out.print(f"application {app['id']} {app['name']} ({app['cores']} cores)", highlight=False)
+
+
+def _cluster_state(proc: dict[str, Any], ready_key: str) -> str:
+    if not proc["running"]:
+        return "[red]stopped[/]"
+    return "[green]up[/]" if proc[ready_key] else "[yellow]starting[/]"
+
+
+@spark_cluster_app.command("kill-worker")
+def spark_cluster_kill_worker(index: WorkerIndex) -> None:
+    """SIGKILL one worker with its executors (its whole process group)."""
+    try:
+        killed = SparkCluster().kill_worker(index)
+    except SparkClusterError as exc:
+        raise _fail(exc) from exc
+    out.print(f"spark worker {index} " + ("killed" if killed else "was not running"))
+
+
+@spark_cluster_app.command("start-worker")
+def spark_cluster_start_worker(index: WorkerIndex) -> None:
+    """Start one worker and wait until the master lists it."""
+    try:
+        SparkCluster().start_worker(index)
+    except (SparkClusterError, MissingRuntimeError) as exc:
+        raise _fail(exc) from exc
+    out.print(f"spark worker {index} up")

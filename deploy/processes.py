@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,7 +147,7 @@ class ManagedProcess:
     def is_running(self) -> bool:
         return self.running_pid() is not None
 
-    def start(self, argv: list[str], cwd: Path) -> int:
+    def start(self, argv: list[str], cwd: Path, env: Mapping[str, str] | None = None) -> int:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.name}\n".encode())
@@ -162,6 +162,7 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                env=None if env is None else dict(env),
             )
         _CHILDREN[child.pid] = child
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command: set up everything a fresh machine needs, check style, types
 # and import contracts (pyproject.toml [tool.importlinter]), then run every test (unit and
-# integration against the real local Kafka + Redis, which the test session starts). Extra
-# arguments go to pytest.
+# integration against the real local Kafka + Redis, which the test session starts; the
+# container tests start an engine and build the images first, deploy/containers/engine.sh).
+# Extra arguments go to pytest.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,7 +21,8 @@ echo "test: pytest"
 status=0
 .venv/bin/pytest "$@" || status=$?
 if [ -n "${CI:-}" ]; then
-    # A CI machine keeps nothing running after the run.
+    # A CI machine keeps nothing running after the run: nor the engine engine.sh started.
     .venv/bin/dedup-proxy local down || true
+    bash deploy/containers/engine.sh stop || true
 fi
 exit "$status"

@@ -29,6 +29,14 @@ log = structlog.get_logger("dedup.spark")
 
 Master = Annotated[str, typer.Option(help="Spark master; e.g. spark://host:7077 on a cluster")]
 DriverMemory = Annotated[str, typer.Option(help="spark.driver.memory")]
+ExecutorMemory = Annotated[
+    str | None, typer.Option(help="spark.executor.memory (at most a worker's memory)")
+]
+ExecutorCores = Annotated[int | None, typer.Option(help="spark.executor.cores", min=1)]
+SparkConf = Annotated[
+    list[str] | None,
+    typer.Option(help="any other Spark setting NAME=VALUE (repeatable), e.g. spark.cores.max=4"),
+]
 
 
 @spark_app.command("run")
@@ -76,6 +84,9 @@ def run(
     ] = None,
     master: Master = "local[2]",
     driver_memory: DriverMemory = "1g",
+    executor_memory: ExecutorMemory = None,
+    executor_cores: ExecutorCores = None,
+    spark_conf: SparkConf = None,
 ) -> None:
     """Run the job: available-now stops when it has read everything there is; continuous
     runs until SIGINT or SIGTERM. Either way a restart continues from the checkpoint."""
@@ -111,8 +122,9 @@ def run(
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    resources = _resources(master, driver_memory, executor_memory, executor_cores, spark_conf)
     try:
-        spark = start_session(SparkResources(master=master, driver_memory=driver_memory))
+        spark = start_session(resources)
     except MissingRuntimeError as exc:
         typer.echo(f"dedup-proxy: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -135,21 +147,29 @@ def verify(
         int | None, typer.Option(help="fail unless the sink holds exactly this many rows")
     ] = None,
     json_file: Annotated[Path | None, typer.Option("--json", help="also write JSON")] = None,
+    topic: Annotated[
+        list[str] | None,
+        typer.Option(help="only this topic's rows (repeatable), for a sink fed by several"),
+    ] = None,
     master: Master = "local[2]",
     driver_memory: DriverMemory = "1g",
+    executor_memory: ExecutorMemory = None,
+    executor_cores: ExecutorCores = None,
+    spark_conf: SparkConf = None,
 ) -> None:
     """Report duplicates per (producer, sequence) and gaps; exit 1 if there are any (or
     the row count differs from --expect-rows)."""
     from dedup.spark.runtime import start_session
     from dedup.spark.verify import summarize_sink
 
+    resources = _resources(master, driver_memory, executor_memory, executor_cores, spark_conf)
     try:
-        spark = start_session(SparkResources(master=master, driver_memory=driver_memory))
+        spark = start_session(resources)
     except MissingRuntimeError as exc:
         typer.echo(f"dedup-proxy: {exc}", err=True)
         raise typer.Exit(2) from exc
     try:
-        report = summarize_sink(spark, output.resolve(), scope)
+        report = summarize_sink(spark, output.resolve(), scope, topics=topic)
     except FileNotFoundError as exc:
         typer.echo(f"dedup-proxy: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -162,6 +182,22 @@ def verify(
     if wrong_count:
         console.print(f"[red]expected {expect_rows:,} rows, the sink holds {report.rows:,}[/]")
     raise typer.Exit(0 if report.clean and not wrong_count else 1)
+
+
+def _resources(
+    master: str,
+    driver_memory: str,
+    executor_memory: str | None,
+    executor_cores: int | None,
+    spark_conf: list[str] | None,
+) -> SparkResources:
+    return SparkResources(
+        master=master,
+        driver_memory=driver_memory,
+        executor_memory=executor_memory,
+        executor_cores=executor_cores,
+        extra_conf=tuple(_options(spark_conf or []).items()),
+    )
 
 
 def _options(pairs: list[str]) -> dict[str, str]:

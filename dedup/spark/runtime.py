@@ -63,12 +63,59 @@ _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+(?:\.\d+)+(?:[-.][A-Z
 @dataclass(frozen=True)
 class SparkResources:
     """Where and how big the job runs. `master` and the Kafka bootstrap (in the job's
-    config) are the only things that change on a real cluster."""
+    config) are the only things that must change on a cluster; the executor sizes are
+    Spark's defaults unless given (a standalone worker runs an executor only if it has the
+    memory and cores one asks for)."""
 
     master: str = "local[2]"
     driver_memory: str = "1g"
     shuffle_partitions: int = 2
     app_name: str = "kafka-dedup-spark"
+    executor_memory: str | None = None  # spark.executor.memory
+    executor_cores: int | None = None  # spark.executor.cores
+    # Any other Spark setting, e.g. ("spark.cores.max", "4"); applied last.
+    extra_conf: tuple[tuple[str, str], ...] = ()
+
+
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
+def master_on_this_host(master: str) -> bool:
+    """Whether every process of the job runs on this host: a local master, or a standalone
+    master (``spark://host:port``, several for standby masters) on a loopback address."""
+    if master.startswith("local"):  # local, local[N], local-cluster[...]
+        return True
+    if not master.startswith("spark://"):
+        return False
+    hosts = [hp.rpartition(":")[0] for hp in master.removeprefix("spark://").split(",")]
+    return all(host in _LOOPBACK_HOSTS for host in hosts)
+
+
+def session_conf(settings: SparkResources, jars: list[Path]) -> dict[str, str]:
+    """The Spark settings of the job's session (the master aside)."""
+    conf = {
+        # Shipped to the executors by the driver on any master: a worker has none of them.
+        "spark.jars": ",".join(str(jar) for jar in jars),
+        "spark.driver.memory": settings.driver_memory,
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # Micro-batches only for new data. With them on, the chunk reassembly's
+        # processing-time timeout asks for a batch after every batch, so an availableNow
+        # query would never end; timeouts are then processed when data arrives.
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        # One state store instance per partition is plenty here, and RocksDB keeps the
+        # state off the JVM heap when the job meets big chunked messages.
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+    }
+    if settings.executor_memory is not None:
+        conf["spark.executor.memory"] = settings.executor_memory
+    if settings.executor_cores is not None:
+        conf["spark.executor.cores"] = str(settings.executor_cores)
+    conf.update(settings.extra_conf)
+    return conf
 
 
 def kafka_source_jars(jars_dir: Path | None = None) -> list[Path]:
@@ -94,37 +141,24 @@ def _artifact(file_name: str) -> str:
 
 
 def start_session(resources: SparkResources | None = None) -> SparkSession:
-    """A Spark session with the Kafka source on its classpath. Python workers run this
-    interpreter, so they see the same packages (pandas, pyarrow) as the driver."""
+    """A Spark session with the Kafka source on its classpath. Python workers, the
+    executors' included, run this interpreter, so they see the same packages (pandas,
+    pyarrow, this one) as the driver: on a cluster the same path must hold the same
+    environment on every worker."""
     spark_version()  # pyspark is installed, or the error says how to install it
     from pyspark.sql import SparkSession
 
     settings = resources or SparkResources()
-    jars = ",".join(str(jar) for jar in kafka_source_jars())
+    conf = session_conf(settings, kafka_source_jars())
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if settings.master.startswith("local"):
-        # Everything is on this host: no need to look for a routable address.
+    if master_on_this_host(settings.master):
+        # Everything is on this host: the driver stays on loopback, where the executors
+        # reach it, instead of looking for a routable address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (
-        SparkSession.builder.master(settings.master)
-        .appName(settings.app_name)
-        .config("spark.jars", jars)
-        .config("spark.driver.memory", settings.driver_memory)
-        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        # Micro-batches only for new data. With them on, the chunk reassembly's
-        # processing-time timeout asks for a batch after every batch, so an availableNow
-        # query would never end; timeouts are then processed when data arrives.
-        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-        # One state store instance per partition is plenty here, and RocksDB keeps the
-        # state off the JVM heap when the job meets big chunked messages.
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        )
-    )
+    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+    for name, value in conf.items():
+        builder = builder.config(name, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session

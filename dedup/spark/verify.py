@@ -7,6 +7,7 @@ Read through Spark, so that only committed micro-batches count (the file sink's
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -59,7 +60,14 @@ class SinkReport:
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
 
-def summarize_sink(spark: SparkSession, sink: Path, scope: Scope = Scope.TOPIC) -> SinkReport:
+def summarize_sink(
+    spark: SparkSession,
+    sink: Path,
+    scope: Scope = Scope.TOPIC,
+    topics: Sequence[str] | None = None,
+) -> SinkReport:
+    """The report of the sink's rows, or of the rows of `topics` only (a job reading
+    several topics writes them all to one sink)."""
     from pyspark.sql import functions as F
 
     if not (sink / "_spark_metadata").is_dir():
@@ -67,6 +75,8 @@ def summarize_sink(spark: SparkSession, sink: Path, scope: Scope = Scope.TOPIC) 
     if not any((sink / "_spark_metadata").iterdir()):
         return SinkReport(0, 0, 0, 0, 0, 0, [])  # no micro-batch committed yet
     rows = spark.read.parquet(str(sink))
+    if topics:
+        rows = rows.where(F.col("topic").isin(list(topics)))
     identified = rows.where(F.col("producer").isNotNull() & F.col("sequence").isNotNull())
     group = ["topic", "producer"] if scope is Scope.TOPIC else ["topic", "partition", "producer"]
     per_producer = (

@@ -23,8 +23,8 @@ from dedup.spark.verify import SinkReport, summarize_sink
 from deploy.demo.processes import SparkJob
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
+from tests.support.spark_checkpoint import committed_batches, wait_for_commits
 from tests.support.topics import new_topic
-from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -185,20 +185,6 @@ def verify_cli(sink: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=300,
         check=False,
-    )
-
-
-def committed_batches(checkpoint: Path) -> int:
-    commits = checkpoint / "commits"
-    return len([f for f in commits.iterdir() if f.name.isdigit()]) if commits.is_dir() else 0
-
-
-def wait_for_commits(checkpoint: Path, count: int, timeout_s: float = 180) -> None:
-    wait_until(
-        lambda: committed_batches(checkpoint) >= count,
-        timeout_s,
-        f"{count} micro-batches are committed",
-        interval_s=0.05,
     )
 
 

@@ -77,7 +77,9 @@ class BackgroundProducer(_BackgroundLoad):
 
 class SequencedProducer(_BackgroundLoad):
     """A DedupProducer writing str(i) with explicit sequence id i for i in start..total-1,
-    paced; its own retries carry unacknowledged records over a fault."""
+    paced; its own retries carry unacknowledged records over a fault. `keyed`: record i has
+    key str(i), so a restarted producer's re-send goes to the partition of the first send
+    (dedup is per partition; without a key the partitioner may pick another one)."""
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class SequencedProducer(_BackgroundLoad):
         total: int,
         start: int = 0,
         per_second: int = 5000,
+        keyed: bool = False,
         **config: Any,
     ) -> None:
         from dedup.client import DedupProducer  # the product's own client
@@ -96,6 +99,7 @@ class SequencedProducer(_BackgroundLoad):
         self.total = total
         self.start_at = start
         self.per_second = per_second
+        self.keyed = keyed
         self._producer = DedupProducer(
             bootstrap,
             name,
@@ -112,7 +116,11 @@ class SequencedProducer(_BackgroundLoad):
     def _send_all(self) -> None:
         for index in range(self.start_at, self.total):
             self._producer.send(
-                self.topic, str(index).encode(), sequence_id=index, on_delivery=self._on_delivery
+                self.topic,
+                str(index).encode(),
+                key=str(index) if self.keyed else None,
+                sequence_id=index,
+                on_delivery=self._on_delivery,
             )
             if index % 50 == 0:
                 time.sleep(50 / self.per_second)  # paced, so a fault lands mid-stream

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from deploy.config import Ports
+from deploy.spark_cluster import ClusterPorts
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,7 @@ TOXIPROXY_ENV = Ports(
     redis=TOXIPROXY_REDIS,
     advertised_kafka_base=TOXIPROXY_ADVERTISED_BASE,
 )
+
+# test_spark_cluster: a standalone Spark master (31700, status UI 31701) and its workers
+# (31710+i, UIs 31720+i); executors and the driver take ports of the kernel's choosing.
+SPARK_CLUSTER = ClusterPorts(base=31700)

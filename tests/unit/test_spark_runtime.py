@@ -1,4 +1,5 @@
-"""Which of the cached Kafka source jars the Spark job hands to Spark."""
+"""Which of the cached Kafka source jars the Spark job hands to Spark, and the session's
+settings on a local and a standalone master."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from dedup.spark.runtime import _artifact, kafka_source_jars
+from dedup.spark.runtime import (
+    SparkResources,
+    _artifact,
+    kafka_source_jars,
+    master_on_this_host,
+    session_conf,
+)
 from deploy.paths import SPARK_VERSION, MissingRuntimeError
 
 pytestmark = pytest.mark.unit
@@ -53,3 +60,40 @@ def test_jars_pyspark_already_ships_are_left_out(tmp_path: Path) -> None:
 def test_a_missing_kafka_source_says_how_to_get_it(tmp_path: Path) -> None:
     with pytest.raises(MissingRuntimeError, match=r"deploy/setup\.sh"):
         kafka_source_jars(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("master", "here"),
+    [
+        ("local[2]", True),
+        ("local", True),
+        ("local-cluster[2,1,1024]", True),
+        ("spark://127.0.0.1:30700", True),
+        ("spark://localhost:7077,127.0.0.1:7078", True),
+        ("spark://spark-master:7077", False),
+        ("spark://127.0.0.1:7077,10.0.0.2:7077", False),
+        ("yarn", False),
+        ("k8s://https://10.0.0.1:6443", False),
+    ],
+)
+def test_the_driver_stays_on_loopback_only_when_every_process_is_on_this_host(
+    master: str, here: bool
+) -> None:
+    assert master_on_this_host(master) is here
+
+
+def test_executor_sizes_are_sparks_defaults_unless_given() -> None:
+    jars = [Path("/cache/a.jar"), Path("/cache/b.jar")]
+    default = session_conf(SparkResources(), jars)
+    assert default["spark.jars"] == "/cache/a.jar,/cache/b.jar"
+    assert "spark.executor.memory" not in default and "spark.executor.cores" not in default
+    sized = SparkResources(
+        master="spark://127.0.0.1:30700",
+        executor_memory="768m",
+        executor_cores=1,
+        extra_conf=(("spark.cores.max", "2"), ("spark.sql.shuffle.partitions", "4")),
+    )
+    conf = session_conf(sized, jars)
+    assert (conf["spark.executor.memory"], conf["spark.executor.cores"]) == ("768m", "1")
+    # Extra settings come last, so they can override the job's own.
+    assert (conf["spark.cores.max"], conf["spark.sql.shuffle.partitions"]) == ("2", "4")
