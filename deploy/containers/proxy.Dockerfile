@@ -56,7 +56,8 @@ RUN /opt/dedup-proxy/bin/dedup-proxy --help >/dev/null \
     && ! /opt/dedup-proxy/bin/python -c 'import deploy' 2>/dev/null
 ENV PATH=/opt/dedup-proxy/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    DEDUP_PROXY_LOG_STREAM=stdout
 # Numeric, so that Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
 # Admin, bootstrap, and brokers 0-2 (a broker N is served on 9193 + N - node_id_offset).

@@ -58,3 +58,7 @@ def test_sigterm_drains_the_proxy_container_and_ends_it_with_0(kafka: Backend) -
         assert status == 0, logs_tail(proxy)
         assert took < DRAIN_TIMEOUT_S + 2, f"stopped after {took:.1f} s"
         assert '"event": "shutdown complete"' in logs_tail(proxy, 10)
+        # The image logs to stdout (DEDUP_PROXY_LOG_STREAM), where container runtimes look.
+        wrapped = proxy.get_wrapped_container()
+        assert b'"event": "shutdown complete"' in wrapped.logs(stdout=True, stderr=False)
+        assert b'"event"' not in wrapped.logs(stdout=False, stderr=True)
