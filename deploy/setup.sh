@@ -15,15 +15,10 @@ say() { printf 'setup: %s\n' "$*"; }
 warn() { printf 'setup: warning: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 hash_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
-# A property of a Maven descriptor, <name>value</name> on one line (as deploy/paths.py reads it).
-pom_property() {
-    local value
-    value="$(sed -n "s:.*<$2>[[:space:]]*\([^<[:space:]]*\)[[:space:]]*</$2>.*:\1:p" "$1" | head -n1)"
-    [ -n "$value" ] || die "$1 has no property $2"
-    echo "$value"
-}
-
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LIB_TAG=setup
+# shellcheck source=lib.sh
+source "$ROOT/deploy/lib.sh"
 VENV="$ROOT/.venv"
 POM="$ROOT/deploy/kafka/pom.xml"
 SPARK_POM="$ROOT/deploy/spark/pom.xml"
@@ -32,10 +27,7 @@ SPARK_VERSION="$(pom_property "$SPARK_POM" spark.version)"
 # shellcheck source=versions.env
 source "$ROOT/deploy/versions.env"
 [ -n "${TOXIPROXY_VERSION:-}" ] || die "deploy/versions.env sets no TOXIPROXY_VERSION"
-# Same rule as dedup/spark/runtime.py cache_dir: an unset, empty or relative XDG_CACHE_HOME
-# means ~/.cache.
-CACHE_HOME="${XDG_CACHE_HOME:-}"
-[[ "$CACHE_HOME" == /* ]] || CACHE_HOME="$HOME/.cache"
+CACHE_HOME="$(xdg_dir "${XDG_CACHE_HOME:-}" "$HOME/.cache")"
 KAFKA_CACHE="$CACHE_HOME/kafka-dedup-proxy/kafka-$KAFKA_VERSION"
 LIBS="$KAFKA_CACHE/libs"
 TOXIPROXY_DIR="$CACHE_HOME/kafka-dedup-proxy/toxiproxy-$TOXIPROXY_VERSION"
@@ -48,19 +40,6 @@ if [ "${1:-}" = "--versions" ]; then
         "$KAFKA_VERSION" "$SPARK_VERSION" "$TOXIPROXY_VERSION"
     exit 0
 fi
-
-# Runs a noisy command with its output in a log file, shown (tail) only when it fails.
-quietly() {
-    local log status=0
-    log="$(mktemp "${TMPDIR:-/tmp}/dedup-setup.XXXXXX")"
-    "$@" >"$log" 2>&1 || status=$?
-    if [ "$status" -ne 0 ]; then
-        tail -n 60 "$log" >&2
-        rm -f "$log"
-        die "failed ($status): $*"
-    fi
-    rm -f "$log"
-}
 
 # Root runs apt-get directly; anyone else needs a sudo that works without a prompt on CI.
 as_root() {

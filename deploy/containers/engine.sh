@@ -27,21 +27,18 @@ unavailable() { printf 'engine: unavailable: %s\n' "$*" >&2; exit 3; }
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$ROOT/deploy/containers"
+LIB_TAG=engine
+# shellcheck source=../lib.sh
+source "$ROOT/deploy/lib.sh"
 # shellcheck source=../versions.env
 source "$ROOT/deploy/versions.env"
-pom_property() {
-    sed -n "s:.*<$2>[[:space:]]*\([^<[:space:]]*\)[[:space:]]*</$2>.*:\1:p" "$1" | head -n1
-}
 KAFKA_VERSION="$(pom_property "$ROOT/deploy/kafka/pom.xml" kafka.version)"
 PRODUCT_VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml" | head -n1)"
 SUITE="${CONTAINER_DEBIAN_SUITE:?deploy/versions.env sets no CONTAINER_DEBIAN_SUITE}"
 [ -n "$KAFKA_VERSION" ] && [ -n "$PRODUCT_VERSION" ] || die "cannot read the pinned versions"
 
-# The same rules as deploy/setup.sh and deploy/paths.py: relative XDG values are ignored.
-CACHE_HOME="${XDG_CACHE_HOME:-}"
-[[ "$CACHE_HOME" == /* ]] || CACHE_HOME="$HOME/.cache"
-STATE_BASE="${XDG_STATE_HOME:-}"
-[[ "$STATE_BASE" == /* ]] || STATE_BASE="$HOME/.local/state"
+CACHE_HOME="$(xdg_dir "${XDG_CACHE_HOME:-}" "$HOME/.cache")"
+STATE_BASE="$(xdg_dir "${XDG_STATE_HOME:-}" "$HOME/.local/state")"
 HOME_DIR="${DEDUP_DOCKER_HOME:-$STATE_BASE/kafka-dedup-proxy/docker}"
 SOCKET="$HOME_DIR/docker.sock"
 PID_FILE="$HOME_DIR/dockerd.pid"
@@ -61,19 +58,6 @@ as_root() {
     else
         return 126
     fi
-}
-
-# Runs a noisy command with its output in a log file, shown (tail) only when it fails.
-quietly() {
-    local log status=0
-    log="$(mktemp "${TMPDIR:-/tmp}/dedup-engine.XXXXXX")"
-    "$@" >"$log" 2>&1 || status=$?
-    if [ "$status" -ne 0 ]; then
-        tail -n 60 "$log" >&2
-        rm -f "$log"
-        die "failed ($status): $*"
-    fi
-    rm -f "$log"
 }
 
 APT_UPDATED=0
