@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.timeout(6
 MESSAGES = 20_000
 FAIL_AT = 12_000  # above the 10,000 in flight: the failure meets acknowledged writes
 FAULT = FaultSettings(fault_s=3.0)
+CONTROL_TRIES = 3
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +49,22 @@ def _describe(outcomes: list[RunResult]) -> str:
 def test_scenario_control_fails_and_dedup_is_clean(
     topology: ContainerTopology, tmp_path: Path, scenario: str
 ) -> None:
-    plan = RunPlan(SCENARIOS[scenario], 1, MESSAGES, FAIL_AT, (False, True), fault=FAULT)
-    outcomes = run_plan(plan, topology, tmp_path, lambda *_: None)
-    control = [o for o in outcomes if not o.dedup_enabled]
-    dedup = [o for o in outcomes if o.dedup_enabled]
-    summary = summarize(tmp_path / f"test-{scenario}_dedup_output.csv")
-    assert summary.dedup_on_clean, _describe(outcomes)
-    assert all(o.msgs_with_dups == 0 for o in dedup), _describe(dedup)
-    assert all(o.not_received == 0 and o.received == MESSAGES for o in dedup), _describe(dedup)
+    # A control run can miss: a kill that lands while nothing acknowledged is in flight
+    # re-sends nothing (1 of 3 kill-proxy controls at 100,000 messages). Up to three
+    # tries, so that the test fails only when the scenario stresses nothing.
+    control: list[RunResult] = []
+    for attempt in range(CONTROL_TRIES):
+        plan = RunPlan(SCENARIOS[scenario], 1, MESSAGES, FAIL_AT, (False,), fault=FAULT)
+        control += run_plan(plan, topology, tmp_path / f"control-{attempt}", lambda *_: None)
+        if any(o.msgs_with_dups > 0 for o in control):
+            break
     assert any(o.msgs_with_dups > 0 for o in control), (
         f"the control of {scenario} shows no duplicate: the scenario stresses nothing; "
         + _describe(control)
     )
+    plan = RunPlan(SCENARIOS[scenario], 1, MESSAGES, FAIL_AT, (True,), fault=FAULT)
+    dedup = run_plan(plan, topology, tmp_path / "dedup", lambda *_: None)
+    summary = summarize(tmp_path / "dedup" / f"test-{scenario}_dedup_output.csv")
+    assert summary.dedup_on_clean, _describe(dedup)
+    assert all(o.msgs_with_dups == 0 for o in dedup), _describe(dedup)
+    assert all(o.not_received == 0 and o.received == MESSAGES for o in dedup), _describe(dedup)
