@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated, cast
@@ -21,7 +22,9 @@ from deploy.chaos.producers import CLIENTS, MAX_IN_FLIGHT, Client
 from deploy.chaos.report import plot_summary, render_table, summarize
 from deploy.chaos.runner import RunPlan, run_plan
 from deploy.chaos.scenarios import SCENARIOS, FaultSettings
-from deploy.chaos.topology import ChaosTopology
+from deploy.chaos.topology import ChaosTopology, Topology
+
+BACKENDS = ("local", "containers")
 
 chaos_app = typer.Typer(
     help="The dedup experiment: faults under load, with and without dedup.\n\n"
@@ -34,7 +37,8 @@ console = Console()
 @chaos_app.command("run")
 def run(
     scenario: Annotated[
-        str, typer.Option(help=f"one of: {', '.join(SCENARIOS)}, or all")
+        str,
+        typer.Option(help=f"one of: {', '.join(SCENARIOS)} (or several, comma separated), or all"),
     ] = "kill-tcp",
     runs: Annotated[int, typer.Option(min=1, help="runs per dedup setting")] = 5,
     messages: Annotated[int, typer.Option(min=1, help="messages per run")] = 100_000,
@@ -56,9 +60,16 @@ def run(
             help="move every port of the chaos environment (22092.. by default) by this much",
         ),
     ] = 0,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="where Kafka, Redis, Toxiproxy and the proxy run: local (processes) or "
+            "containers (the project's images, deploy/containers; ports 32092..)"
+        ),
+    ] = "local",
 ) -> None:
     """Run a scenario; exit 1 if any dedup-on run shows a duplicate, a loss or a jump."""
-    names = list(SCENARIOS) if scenario == "all" else [scenario]
+    names = list(SCENARIOS) if scenario == "all" else scenario.split(",")
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise typer.BadParameter(f"unknown scenario {unknown[0]!r}; one of {', '.join(SCENARIOS)}")
@@ -72,10 +83,35 @@ def run(
             f"--fail-at must be above the {MAX_IN_FLIGHT:,} messages in flight (so the failure "
             "meets writes that were acknowledged) and below --messages"
         )
-    root = results or Path("chaos-results") / time.strftime("%Y%m%d-%H%M%S")
-    topology = ChaosTopology(port_shift)
-    console.print("bringing up 3 Kafka brokers, Redis and Toxiproxy ...")
-    topology.up()
+    if backend not in BACKENDS:
+        raise typer.BadParameter(f"--backend must be one of {', '.join(BACKENDS)}")
+    root = results or Path("chaos-results") / f"{time.strftime('%Y%m%d-%H%M%S')}-{backend}"
+    root.mkdir(parents=True, exist_ok=True)
+    # Which backend made these results, beside the CSVs, so runs compare side by side.
+    (root / "run.json").write_text(
+        json.dumps(
+            {
+                "backend": backend,
+                "scenarios": names,
+                "runs": runs,
+                "messages": messages,
+                "fail_at": fail_at,
+                "dedup": dedup,
+                "client": client,
+                "fault_s": fault_s,
+                "latency_ms": latency_ms,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    topology = _topology(backend, port_shift)
+    console.print(f"bringing up 3 Kafka brokers, Redis and Toxiproxy ({backend}) ...")
+    try:
+        topology.up()
+    except Exception:
+        topology.down()
+        raise
     dirty = False
     try:
         for name in names:
@@ -108,7 +144,7 @@ def run(
                 run_plan(plan, topology, directory, progress)
             csv_path = directory / f"test-{name}_dedup_output.csv"
             summary = summarize(csv_path)
-            plot_summary(csv_path, directory / f"test-{name}.png", f"{name} ({client})")
+            plot_summary(csv_path, directory / f"test-{name}.png", f"{name} ({client}, {backend})")
             console.print(render_table(summary))
             console.print(f"results in {directory}")
             dirty = dirty or not summary.dedup_on_clean
@@ -118,3 +154,18 @@ def run(
     if dirty:
         console.print("[red]a dedup-on run shows duplicates, losses or jumps[/]")
         raise typer.Exit(1)
+
+
+def _topology(backend: str, port_shift: int) -> Topology:
+    if backend == "local":
+        return ChaosTopology(port_shift)
+    # Imported here: the local backend needs neither the engine nor its images.
+    from deploy.chaos.containers import CONTAINER_PORT_SHIFT, ContainerTopology
+    from deploy.containers import engine
+
+    try:
+        engine.ensure().activate()  # starts an engine and builds the images if need be
+    except engine.EngineUnavailable as exc:
+        console.print(f"[red]containers cannot run here: {exc}[/]")
+        raise typer.Exit(2) from exc
+    return ContainerTopology(CONTAINER_PORT_SHIFT + port_shift)

@@ -24,7 +24,7 @@ from deploy.chaos.classify import RunResult, classify_run
 from deploy.chaos.producers import Client, ProducerRun, produce
 from deploy.chaos.report import ResultsWriter
 from deploy.chaos.scenarios import FaultSettings, Scenario
-from deploy.chaos.topology import BROKERS, ChaosTopology
+from deploy.chaos.topology import BROKERS, Topology
 from deploy.topics import create_topic
 
 log = structlog.get_logger(__name__)
@@ -46,7 +46,7 @@ Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
 def run_plan(
-    plan: RunPlan, topology: ChaosTopology, results: Path, progress: Progress
+    plan: RunPlan, topology: Topology, results: Path, progress: Progress
 ) -> list[RunResult]:
     """Every run of the plan, in order: all control runs, then all dedup runs."""
     writer = ResultsWriter(results, f"test-{plan.scenario.name}")
@@ -65,7 +65,7 @@ def run_plan(
 
 def _one_run(
     plan: RunPlan,
-    topology: ChaosTopology,
+    topology: Topology,
     results: Path,
     dedup: bool,
     number: int,

@@ -31,8 +31,7 @@ from typing import Final
 import structlog
 from confluent_kafka.admin import AdminClient
 
-from deploy.chaos.topology import ChaosTopology, broker_link
-from deploy.local import LocalEnvError
+from deploy.chaos.topology import Topology, broker_link
 from deploy.toxiproxy import BackgroundCuts
 
 log = structlog.get_logger(__name__)
@@ -54,12 +53,12 @@ class Scenario:
 
     name: str
     description: str
-    inject: Callable[[ChaosTopology, str, FaultSettings], None]
-    heal: Callable[[ChaosTopology, FaultSettings, Path], None]
-    before_run: Callable[[ChaosTopology, str, FaultSettings], None] = (
-        lambda topology, _topic, settings: _slow_brokers(topology, settings)
+    inject: Callable[[Topology, str, FaultSettings], None]
+    heal: Callable[[Topology, FaultSettings, Path], None]
+    before_run: Callable[[Topology, str, FaultSettings], None] = lambda topo, _topic, settings: (
+        _slow_brokers(topo, settings)
     )
-    after_run: Callable[[ChaosTopology], None] = lambda topology: _clear_latency(topology)
+    after_run: Callable[[Topology], None] = lambda topology: _clear_latency(topology)
 
 
 class _Cuts:
@@ -68,47 +67,47 @@ class _Cuts:
     running: BackgroundCuts | None = None
 
     @classmethod
-    def start(cls, topology: ChaosTopology, links: list[str], settings: FaultSettings) -> None:
+    def start(cls, topology: Topology, links: list[str], settings: FaultSettings) -> None:
         cls.running = topology.toxiproxy.cut_in_background(links, settings.fault_s, CUT_EVERY_S)
 
     @classmethod
-    def wait(cls, _topology: ChaosTopology, settings: FaultSettings, _logs: Path) -> None:
+    def wait(cls, _topology: Topology, settings: FaultSettings, _logs: Path) -> None:
         if cls.running is not None:
             cls.running.wait(settings.fault_s + 30)
             cls.running = None
 
 
-def _cut_everything(topology: ChaosTopology, _topic: str, settings: FaultSettings) -> None:
+def _cut_everything(topology: Topology, _topic: str, settings: FaultSettings) -> None:
     _Cuts.start(topology, [*topology.client_links, *topology.broker_links], settings)
 
 
-def _cut_clients(topology: ChaosTopology, settings: FaultSettings) -> None:
+def _cut_clients(topology: Topology, settings: FaultSettings) -> None:
     _Cuts.start(topology, topology.client_links, settings)
 
 
 _leader: dict[str, int] = {}  # topic -> its leader, looked up before the run
 
 
-def _find_leader(topology: ChaosTopology, topic: str, settings: FaultSettings) -> None:
+def _find_leader(topology: Topology, topic: str, settings: FaultSettings) -> None:
     _slow_brokers(topology, settings)
     admin = AdminClient({"bootstrap.servers": topology.kafka_bootstrap})
     _leader[topic] = admin.list_topics(topic, timeout=30).topics[topic].partitions[0].leader
 
 
-def _kill_leader(topology: ChaosTopology, topic: str, _settings: FaultSettings) -> None:
+def _kill_leader(topology: Topology, topic: str, _settings: FaultSettings) -> None:
     leader = _leader["killed"] = _leader.pop(topic)
     # As when its host dies: the answers it had on the wire (held back by the latency)
     # never arrive, which is what leaves written but unacknowledged batches behind.
     topology.toxiproxy.cut(broker_link(leader))
-    topology.environment.kill_broker(leader)
+    topology.kill_broker(leader)
 
 
-def _restart_leader(topology: ChaosTopology, settings: FaultSettings, _logs: Path) -> None:
+def _restart_leader(topology: Topology, settings: FaultSettings, _logs: Path) -> None:
     time.sleep(settings.fault_s)
-    topology.environment.start_broker(_leader.pop("killed"))
+    topology.start_broker(_leader.pop("killed"))
 
 
-def _kill_and_restart_proxy(topology: ChaosTopology, _topic: str, _settings: FaultSettings) -> None:
+def _kill_and_restart_proxy(topology: Topology, _topic: str, _settings: FaultSettings) -> None:
     # Restarted here, on the runner's own thread: the proxy process gets SIGTERM when the
     # thread that started it ends (PR_SET_PDEATHSIG follows the thread, not the process).
     topology.kill_proxy()
@@ -116,36 +115,31 @@ def _kill_and_restart_proxy(topology: ChaosTopology, _topic: str, _settings: Fau
     topology.restart_proxy(topology.log_dir / f"proxy-restarted-{time.time_ns()}.log")
 
 
-def _nothing_to_heal(_topology: ChaosTopology, _settings: FaultSettings, _logs: Path) -> None:
+def _nothing_to_heal(_topology: Topology, _settings: FaultSettings, _logs: Path) -> None:
     return
 
 
-def _redis_flush(topology: ChaosTopology, _topic: str, settings: FaultSettings) -> None:
+def _redis_flush(topology: Topology, _topic: str, settings: FaultSettings) -> None:
     _cut_clients(topology, settings)  # first: the cuts must meet the writes in flight
     topology.flush_redis()
 
 
-def _redis_restart(topology: ChaosTopology, _topic: str, settings: FaultSettings) -> None:
+def _redis_restart(topology: Topology, _topic: str, settings: FaultSettings) -> None:
     _cut_clients(topology, settings)
-    topology.environment.kill_redis()
-    try:
-        topology.environment.start_redis(empty=True)
-    except LocalEnvError as exc:  # a Redis that dies as it starts: give it one more go
-        log.warning("Redis did not come back; starting it again", error=str(exc))
-        topology.environment.start_redis(empty=True)
+    topology.restart_redis_empty()
 
 
-def _slow_brokers(topology: ChaosTopology, settings: FaultSettings) -> None:
+def _slow_brokers(topology: Topology, settings: FaultSettings) -> None:
     for link in topology.broker_links:
         topology.toxiproxy.latency(link, settings.latency_ms)
 
 
-def _slow_everything(topology: ChaosTopology, _topic: str, settings: FaultSettings) -> None:
+def _slow_everything(topology: Topology, _topic: str, settings: FaultSettings) -> None:
     for link in [*topology.client_links, *topology.broker_links]:
         topology.toxiproxy.latency(link, settings.slow_latency_ms)
 
 
-def _clear_latency(topology: ChaosTopology) -> None:
+def _clear_latency(topology: Topology) -> None:
     for link in [*topology.client_links, *topology.broker_links]:
         topology.toxiproxy.clear(link)
 

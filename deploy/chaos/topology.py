@@ -17,15 +17,16 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import redis
+import structlog
 
 from deploy import paths
 from deploy.config import Ports
 from deploy.launcher import ProxyProcess
-from deploy.local import EnvInfo, LocalEnvironment
-from deploy.toxiproxy import ToxiproxyServer
+from deploy.local import EnvInfo, LocalEnvError, LocalEnvironment
+from deploy.toxiproxy import Toxiproxy, ToxiproxyServer
 
 BROKERS: Final = 3
 KAFKA_BASE: Final = 22092  # brokers listen here (+ node id); controllers at +100
@@ -38,6 +39,39 @@ PROXY_ADMIN: Final = 22380
 CLIENT_BOOTSTRAP: Final = 22592  # Toxiproxy link to the proxy's bootstrap listener
 CLIENT_BROKER_BASE: Final = 22593  # Toxiproxy links to its per-broker listeners
 HOST: Final = "127.0.0.1"
+
+log = structlog.get_logger(__name__)
+
+
+class Topology(Protocol):
+    """What the scenarios and the runner need of a chaos environment, whatever runs it
+    (local processes: `ChaosTopology`; containers: `deploy.chaos.containers`)."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def toxiproxy(self) -> Toxiproxy: ...
+    @property
+    def log_dir(self) -> Path: ...
+    @property
+    def client_bootstrap(self) -> str: ...
+    @property
+    def kafka_bootstrap(self) -> str: ...
+    @property
+    def client_links(self) -> list[str]: ...
+    @property
+    def broker_links(self) -> list[str]: ...
+
+    def up(self) -> object: ...
+    def down(self) -> None: ...
+    def start_proxy(self, dedup: bool, log_path: Path) -> object: ...
+    def kill_proxy(self) -> None: ...
+    def restart_proxy(self, log_path: Path) -> object: ...
+    def stop_proxy(self) -> None: ...
+    def kill_broker(self, node: int) -> None: ...
+    def start_broker(self, node: int) -> None: ...
+    def flush_redis(self) -> None: ...
+    def restart_redis_empty(self) -> None: ...
 
 
 def chaos_home() -> Path:
@@ -59,6 +93,7 @@ class ChaosTopology:
     dedup: bool = True
     log_dir: Path = field(default_factory=lambda: Path("."))
     key_prefix: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:8]}")
+    backend: str = "local"
 
     def __post_init__(self) -> None:
         if self.port_shift:
@@ -160,6 +195,20 @@ class ChaosTopology:
     def flush_redis(self) -> None:
         assert self.info is not None
         redis.Redis.from_url(self.info.redis).flushdb()
+
+    def kill_broker(self, node: int) -> None:
+        self.environment.kill_broker(node)
+
+    def start_broker(self, node: int) -> None:
+        self.environment.start_broker(node)
+
+    def restart_redis_empty(self) -> None:
+        self.environment.kill_redis()
+        try:
+            self.environment.start_redis(empty=True)
+        except LocalEnvError as exc:  # a Redis that dies as it starts: give it one more go
+            log.warning("Redis did not come back; starting it again", error=str(exc))
+            self.environment.start_redis(empty=True)
 
     @property
     def client_links(self) -> list[str]:
