@@ -123,10 +123,11 @@ def _pid(proc: dict[str, Any]) -> str:
     return "-" if proc["pid"] is None else str(proc["pid"])
 
 
-def _state(proc: dict[str, Any]) -> str:
+def _state(proc: dict[str, Any], ready_key: str = "listening") -> str:
+    """Stopped, starting (running but not yet ``ready_key``) or up."""
     if not proc["running"]:
         return "[red]stopped[/]"
-    return "[green]up[/]" if proc["listening"] else "[yellow]starting[/]"
+    return "[green]up[/]" if proc[ready_key] else "[yellow]starting[/]"
 
 
 @local_app.command("kill-broker")
@@ -235,21 +236,15 @@ def spark_cluster_status(json_output: JsonFlag = False) -> None:
     for column in ("process", "address", "pid", "state"):
         table.add_column(column)
     master = data["master_process"]
-    table.add_row("master", data["master"], _pid(master), _cluster_state(master, "answering"))
+    table.add_row("master", data["master"], _pid(master), _state(master, "answering"))
     for index, proc in data["worker_processes"].items():
-        state = _cluster_state(proc, "registered")
+        state = _state(proc, "registered")
         if proc["running"] and proc["registered"]:
             state += f", {proc['cores_used']} core(s) in use"
         table.add_row(f"worker {index}", proc["address"], _pid(proc), state)
     out.print(table)
     for app in data["applications"]:
         out.print(f"application {app['id']} {app['name']} ({app['cores']} cores)", highlight=False)
-
-
-def _cluster_state(proc: dict[str, Any], ready_key: str) -> str:
-    if not proc["running"]:
-        return "[red]stopped[/]"
-    return "[green]up[/]" if proc[ready_key] else "[yellow]starting[/]"
 
 
 @spark_cluster_app.command("kill-worker")

@@ -36,6 +36,7 @@ from deploy.chaos.topology import (
     TOXIPROXY_API,
     broker_link,
     client_link,
+    link_every_hop,
 )
 from deploy.config import Ports, random_cluster_id, server_properties
 from deploy.containers.engine import KAFKA_IMAGE, PROXY_IMAGE, REDIS_IMAGE, TOXIPROXY_IMAGE
@@ -136,23 +137,7 @@ class ContainerTopology:
             *("-host", HOST, "-port", str(self._port(TOXIPROXY_API))),
         )
         _wait("Toxiproxy", self._name("toxiproxy"), self.toxiproxy.answers, 30)
-        for node in range(BROKERS):
-            self.toxiproxy.link(
-                broker_link(node),
-                f"{HOST}:{self.ports.advertised(node)}",
-                f"{HOST}:{self.ports.client(node)}",
-            )
-        self.toxiproxy.link(
-            "client-bootstrap",
-            f"{HOST}:{self._port(CLIENT_BOOTSTRAP)}",
-            f"{HOST}:{self._port(PROXY_LISTEN)}",
-        )
-        for node in range(BROKERS):
-            self.toxiproxy.link(
-                client_link(node),
-                f"{HOST}:{self._port(CLIENT_BROKER_BASE) + node}",
-                f"{HOST}:{self._port(PROXY_BROKER_BASE) + node}",
-            )
+        link_every_hop(self.toxiproxy, self._port)
         self._start_redis()
         cluster_id = random_cluster_id()
         for node in range(BROKERS):

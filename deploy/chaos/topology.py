@@ -15,6 +15,7 @@ in the same way (it advertises the Toxiproxy ports through ``advertised_broker_p
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
@@ -113,23 +114,7 @@ class ChaosTopology:
 
     def up(self) -> EnvInfo:
         self.toxiproxy.start()
-        for node in range(BROKERS):
-            self.toxiproxy.link(
-                broker_link(node),
-                f"{HOST}:{self._port(KAFKA_ADVERTISED_BASE) + node}",
-                f"{HOST}:{self._port(KAFKA_BASE) + node}",
-            )
-        self.toxiproxy.link(
-            "client-bootstrap",
-            f"{HOST}:{self._port(CLIENT_BOOTSTRAP)}",
-            f"{HOST}:{self._port(PROXY_LISTEN)}",
-        )
-        for node in range(BROKERS):
-            self.toxiproxy.link(
-                client_link(node),
-                f"{HOST}:{self._port(CLIENT_BROKER_BASE) + node}",
-                f"{HOST}:{self._port(PROXY_BROKER_BASE) + node}",
-            )
+        link_every_hop(self.toxiproxy, self._port)
         self.info = self.environment.up(brokers=BROKERS)
         return self.info
 
@@ -217,6 +202,26 @@ class ChaosTopology:
     @property
     def broker_links(self) -> list[str]:
         return [broker_link(n) for n in range(BROKERS)]
+
+
+def link_every_hop(toxiproxy: Toxiproxy, port: Callable[[int], int]) -> None:
+    """The Toxiproxy links of the port plan (``port`` shifts a planned port): each broker
+    behind the port it advertises, the proxy's listeners behind the ports clients use."""
+    for node in range(BROKERS):
+        toxiproxy.link(
+            broker_link(node),
+            f"{HOST}:{port(KAFKA_ADVERTISED_BASE) + node}",
+            f"{HOST}:{port(KAFKA_BASE) + node}",
+        )
+    toxiproxy.link(
+        "client-bootstrap", f"{HOST}:{port(CLIENT_BOOTSTRAP)}", f"{HOST}:{port(PROXY_LISTEN)}"
+    )
+    for node in range(BROKERS):
+        toxiproxy.link(
+            client_link(node),
+            f"{HOST}:{port(CLIENT_BROKER_BASE) + node}",
+            f"{HOST}:{port(PROXY_BROKER_BASE) + node}",
+        )
 
 
 def broker_link(node: int) -> str:
