@@ -6,7 +6,9 @@ Same sources and ``DEDUP_PROXY_`` prefix as the runtime's `ProxySettings`; the a
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dedup.identity import DEFAULT_PRODUCER_HEADER, DEFAULT_SEQUENCE_HEADER
@@ -52,3 +54,36 @@ class DedupSettings(BaseSettings):
     replay_timeout_s: float = Field(
         default=60.0, gt=0, description="a replay that makes no progress this long fails"
     )
+    placement: Literal["balanced", "sidecar"] = Field(
+        default="balanced",
+        description="who owns each partition's dedup: spread over the live instances "
+        "(balanced), or the instance beside the partition's leader (sidecar)",
+    )
+    local_broker_id: int | None = Field(
+        default=None,
+        ge=0,
+        description="sidecar placement: the node id of the broker this instance stands beside",
+    )
+    lease_ttl_s: float = Field(
+        default=6.0,
+        gt=0,
+        description="an instance that has not renewed its membership and leases for this "
+        "long is taken for dead; its partitions are taken over (fenced, then replayed)",
+    )
+    heartbeat_s: float = Field(
+        default=1.0, gt=0, description="how often membership and leases are renewed"
+    )
+    node_id_stride: int = Field(
+        default=1000,
+        ge=2,
+        description="balanced placement: clients see broker b behind instance slot s as node "
+        "s * node_id_stride + b (broker node ids must be below it)",
+    )
+
+    @model_validator(mode="after")
+    def _placement_needs(self) -> DedupSettings:
+        if self.placement == "sidecar" and self.local_broker_id is None:
+            raise ValueError("placement 'sidecar' needs local_broker_id (--local-broker-id)")
+        if self.heartbeat_s * 3 > self.lease_ttl_s:
+            raise ValueError("lease_ttl_s must be at least three heartbeats (heartbeat_s)")
+        return self

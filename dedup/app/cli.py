@@ -56,6 +56,15 @@ def serve(
             help="a plain Kafka proxy: no dedup at all, no Redis (policies cannot enable it)",
         ),
     ] = False,
+    instance_id: Annotated[
+        str | None, typer.Option(help="this instance's name, unique among live instances")
+    ] = None,
+    placement: Annotated[
+        str | None, typer.Option(help="balanced (default) or sidecar: who owns each partition")
+    ] = None,
+    local_broker_id: Annotated[
+        int | None, typer.Option(help="sidecar placement: the broker this instance is beside")
+    ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error")] = None,
     log_format: Annotated[str | None, typer.Option(help="json or console")] = None,
 ) -> None:
@@ -73,6 +82,9 @@ def serve(
             admin=admin,
             log_level=log_level,
             log_format=log_format,
+            instance_id=instance_id,
+            placement=placement,
+            local_broker_id=local_broker_id,
             dedup=False if no_dedup else None,
             pass_through=True if pass_through else None,
         )

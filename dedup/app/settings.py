@@ -6,6 +6,8 @@ proxy; each layer receives the same object typed as its own settings class.
 
 from __future__ import annotations
 
+import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,12 @@ class Settings(ProxySettings, DedupSettings):
         """The transactional id root of the upstream writer (see dedup.fencing)."""
         if self.instance_id:
             return self.instance_id
-        return f"{self.effective_advertised_host}-{self.listen_endpoint.port}"
+        host = self.advertised_host or self.listen_endpoint.host
+        if host in ("0.0.0.0", "::", "", "127.0.0.1", "localhost"):
+            # A wildcard or loopback listener says nothing about the machine: two hosts
+            # would share the id and fence each other. The host name tells them apart.
+            host = socket.gethostname()
+        return re.sub(r"[^A-Za-z0-9._-]", "_", f"{host}-{self.listen_endpoint.port}")
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
