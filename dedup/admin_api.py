@@ -191,6 +191,30 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
         )
 
     base = "/v1/topics/{topic}"
+
+    async def ownership(_: web.Request) -> web.Response:
+        """This instance, the live members as it sees them, and the partitions it holds."""
+        owner = service.ownership
+        return web.json_response(
+            {
+                "instance": owner.me.instance_id,
+                "placement": owner.placement,
+                "members": [
+                    {
+                        "instance": m.instance_id,
+                        "slot": m.slot,
+                        "host": m.host,
+                        "port_base": m.port_base,
+                        "local_broker_id": m.local_broker_id,
+                    }
+                    for m in owner.members
+                ],
+                "held": sorted(f"{t}/{p}" for t, p in owner.held),
+                "handing_off": sorted(f"{t}/{p}" for t, p in owner.handing_off),
+            }
+        )
+
+    app.router.add_get("/v1/ownership", ownership)
     app.router.add_get(base + "/partitions/{partition}/producers/{name}", last_sequence)
     app.router.add_get(base + "/producers/{name}", topic_last_sequence)
     app.router.add_get(base + "/partitions/{partition}/producers", producers)

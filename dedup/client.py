@@ -172,6 +172,11 @@ class DedupProducer:
         )
         return remaining
 
+    def purge(self) -> None:
+        """Drop every message not yet acknowledged, as a producer that gives up on them
+        (their delivery callbacks report failure on the next poll)."""
+        self._producer.purge()
+
     def poll(self, timeout: float = 0) -> int:
         served: int = self._producer.poll(timeout)
         return served

@@ -57,10 +57,11 @@ from dedup.batches import (
     read_batches,
 )
 from dedup.chunks import ChunkMeta, ChunkProgress
+from dedup.ownership.owner import Redirect
 from dedup.partitions import Key, PartitionState, _Ticket
 from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot
-from dedup.ports import Clock, Policies, StateStore, Writer
+from dedup.ports import Clock, Owners, Policies, StateStore, Writer
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.state import PartitionCheck, Persisted, Status, persisted_position
 from dedup.writer import BatchToWrite, WriteResult
@@ -81,6 +82,7 @@ class PartitionAnswer:
     log_append_time_ms: int = -1
     log_start_offset: int = -1
     error_message: str | None = None
+    redirect: Redirect | None = None  # NOT_LEADER_OR_FOLLOWER: the owner to go to (KIP-951)
 
 
 @dataclass(slots=True)
@@ -148,6 +150,7 @@ class DedupEngine:
         headers: IdentityHeaders,
         recoveries: RecoveryScheduler,
         clock: Clock,
+        owners: Owners,
         *,
         first_use_wait_s: float = FIRST_USE_WAIT_S,
         settle_wait_s: float = SETTLE_WAIT_S,
@@ -158,6 +161,7 @@ class DedupEngine:
         self._headers = headers
         self._recoveries = recoveries
         self._clock = clock
+        self._owners = owners
         self._first_use_wait_s = first_use_wait_s
         self._settle_wait_s = settle_wait_s
         self._partitions = recoveries.partitions
@@ -388,6 +392,8 @@ class DedupEngine:
                     "an earlier request to this partition was not written; retry in order"
                 )
                 return
+            if await self._elsewhere(item):
+                return
             if not state.recovered:
                 self._recoveries.request(item.key, "first use")
                 # Wait here, in line. Answering "retry" at once would let a pipelined later
@@ -406,6 +412,32 @@ class DedupEngine:
             except TimeoutError:
                 self._refuse(item, _not_written("partition is recovering from a failed write"))
                 return
+
+    async def _elsewhere(self, item: _Work) -> bool:
+        """Whether another instance owns (or should own) the partition: then the client is
+        told NOT_LEADER_OR_FOLLOWER with the owner's node (KIP-951), as Kafka sends a
+        client to a partition's leader."""
+        state = self._state_of(item)
+        if not self._owners.ready():  # not a member yet: may take nothing
+            self._refuse(item, _recovering())
+            return True
+        if not state.recovered:  # first use here: sidecar placement needs the leader
+            await self._owners.learn_leader(item.key)
+        holder = state.held_by(asyncio.get_running_loop().time())
+        if holder is None and self._owners.serves_here(item.key):
+            return False
+        redirect = self._owners.redirect(item.key, holder)
+        metrics.REDIRECTS.inc()
+        where = f"; retry at {redirect.node.endpoint}" if redirect is not None else "; retry"
+        self._refuse(
+            item,
+            PartitionAnswer(
+                ErrorCode.not_leader_or_follower,
+                error_message="another proxy instance owns this partition's dedup" + where,
+                redirect=redirect,
+            ),
+        )
+        return True
 
     # ------------------------------------------------------------- 4. write
 

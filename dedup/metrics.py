@@ -40,3 +40,14 @@ REPLAYED_RECORDS = Counter("dedup_replayed_records_total", "Records read by reco
 RECOVERING = Gauge(
     "dedup_partitions_recovering", "Partitions whose produce requests wait for a recovery"
 )
+OWNED_PARTITIONS = Gauge("dedup_owned_partitions", "Partitions whose lease this instance holds")
+LEASES = Counter(
+    "dedup_lease_events_total",
+    "Partition lease events: acquired_new, taken_over (a fenced takeover), handed_over (after a "
+    "clean release), lost, released_clean, released_unclean",
+    ["event"],
+)
+REDIRECTS = Counter(
+    "dedup_redirects_total",
+    "Produce partitions answered NOT_LEADER_OR_FOLLOWER because another instance owns them",
+)

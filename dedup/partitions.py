@@ -75,6 +75,8 @@ class PartitionState:
     refuse_through: int = 0
 
     recovered: bool = False  # the state was rebuilt from the log by this process
+    holder: str | None = None  # another instance held the lease when this one tried
+    holder_until: float = 0.0  # event loop time until which `holder` is believed
     token: str = ""  # proves Redis holds the state this process recovered
     cursor: AckCursor = field(default_factory=lambda: AckCursor(0))
 
@@ -89,6 +91,10 @@ class PartitionState:
 
     def __post_init__(self) -> None:
         self.open.set()
+
+    def held_by(self, now: float) -> str | None:
+        """The instance that held the partition's lease when last tried, if recently."""
+        return self.holder if self.holder is not None and now < self.holder_until else None
 
 
 class PartitionStates(dict[Key, PartitionState]):

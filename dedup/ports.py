@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from dedup.ownership.owner import Redirect
 from dedup.partitions import Key
 from dedup.policies import PolicySnapshot
 from dedup.recovery import RecoveredPartition
@@ -60,6 +61,18 @@ class Policies(Protocol):
     """The dedup mode of every topic (`dedup.policies.PolicyStore`)."""
 
     async def snapshot(self) -> PolicySnapshot: ...
+
+
+class Owners(Protocol):
+    """Which instance owns each partition (`dedup.ownership.owner.Ownership`)."""
+
+    def ready(self) -> bool: ...
+
+    def serves_here(self, key: Key) -> bool: ...
+
+    def redirect(self, key: Key, holder: str | None = None) -> Redirect | None: ...
+
+    async def learn_leader(self, key: Key) -> tuple[int, int] | None: ...
 
 
 class Clock(Protocol):

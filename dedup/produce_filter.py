@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 from kio.schema.errors import ErrorCode
+from kio.schema.types import BrokerId
 from kio.static.primitive import i32, i64
 from kio.static.protocol import ResponsePayload
 
@@ -80,6 +81,7 @@ def produce_response(
     module = sys.modules[response_cls.__module__]
     by_topic: dict[str, dict[int, Any]] = {}
     names: dict[str, Any] = {}
+    endpoints: dict[int, Any] = {}
     for topic in request.topic_data:
         name = str(topic.name)
         names.setdefault(name, topic.name)
@@ -99,6 +101,18 @@ def produce_response(
             if version >= 8:
                 fields["record_errors"] = ()
                 fields["error_message"] = answer.error_message
+            if version >= 10 and answer.redirect is not None:
+                # KIP-951: the client goes to the partition's owner without a metadata round.
+                node = answer.redirect.node
+                fields["current_leader"] = module.LeaderIdAndEpoch(
+                    leader_id=BrokerId(node.node_id), leader_epoch=i32(answer.redirect.leader_epoch)
+                )
+                endpoints[node.node_id] = module.NodeEndpoint(
+                    node_id=BrokerId(node.node_id),
+                    host=node.endpoint.host,
+                    port=i32(node.endpoint.port),
+                    rack=None,
+                )
             partitions[index] = module.PartitionProduceResponse(**fields)
     topics = tuple(
         module.TopicProduceResponse(
@@ -106,5 +120,10 @@ def produce_response(
         )
         for name, partitions in by_topic.items()
     )
-    response: ResponsePayload = response_cls(responses=topics)
+    if endpoints:
+        response: ResponsePayload = response_cls(
+            responses=topics, node_endpoints=tuple(endpoints[i] for i in sorted(endpoints))
+        )
+    else:
+        response = response_cls(responses=topics)
     return response

@@ -2,8 +2,18 @@
 
 For a set of partitions, in this order:
 
-1. Fence (`IdempotentWriter.fence`): every write an earlier incarnation of this proxy left
-   in flight is now either below the high watermark or never in the log.
+0. Take each partition's lease (`dedup.ownership.leases`): a partition another live
+   instance holds is not recovered here (`NotOwner`). Taking a lease raises its epoch and
+   cuts the previous owner off the state at once.
+1. Fence what may still land. The lease names its suspects: every instance that opened
+   the partition and did not release it cleanly (a crash, a lost lease). Each suspect's
+   transactional id is fenced on the partition (`dedup.fencing`): this instance's own
+   through `IdempotentWriter.fence`, another's through a `Fencer` of its id. After that
+   every write a suspect left in flight is either below the high watermark or never in the
+   log. A partition handed over cleanly has no suspect and needs no fence; nor does one no
+   instance ever owned whose log is empty with no state or snapshot: its offsets stay
+   exactly Kafka's. One with state but no lease history (Redis lost the lease, or an
+   older proxy wrote it) fences this instance and every live one.
 2. Read each partition's end (high watermark): final, by 1.
 3. Read the stored snapshots (`dedup.snapshots`): the newest readable one whose offset is
    not past the end (a snapshot past the end belongs to a log that has since been
@@ -32,6 +42,8 @@ from confluent_kafka import Consumer, TopicPartition
 from dedup import metrics
 from dedup.batches import IdentityHeaders
 from dedup.chunks import ChunkProgress
+from dedup.fencing import Fencer
+from dedup.ownership.leases import UNKNOWN, Held, Lease, PartitionLeases
 from dedup.replay import ReplayResult, replay_partition
 from dedup.snapshots import Snapshot, SnapshotStore, StoredSnapshots
 from dedup.state import DedupState, clock_ms
@@ -57,6 +69,28 @@ class RecoveredPartition:
     seconds: float
 
 
+class NotOwner(Exception):
+    """Another live instance holds the partition's lease."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__(f"owned by instance {owner}")
+        self.owner = owner
+
+
+class LeaseLost(Exception):
+    """The lease was taken over while this instance recovered the partition."""
+
+
+@dataclass(frozen=True, slots=True)
+class Owners:
+    """What recovery needs of partition ownership (`dedup.service` builds it)."""
+
+    leases: PartitionLeases
+    fencer_for: Callable[[str], Fencer]  # a fencer of another instance's transactional id
+    live_instances: Callable[[], list[str]]
+    granted: Callable[[Lease], None]  # the lease is this instance's now
+
+
 class Recovery:
     def __init__(
         self,
@@ -65,11 +99,13 @@ class Recovery:
         state: DedupState,
         bootstrap: str,
         headers: IdentityHeaders,
+        owners: Owners,
         *,
         max_producers: int,
         parallel_replays: int = 4,
         replay_timeout_s: float = 60.0,
     ) -> None:
+        self._owners = owners
         self._writer = writer
         self._store = store
         self._state = state
@@ -85,16 +121,53 @@ class Recovery:
         """Recover every partition; those that failed come back with their error. Raises
         only when nothing could be done (the fence or the end offsets failed)."""
         started = time.monotonic()
-        await self._writer.fence(partitions)
-        ends = await asyncio.to_thread(self._high_watermarks, partitions)
-        stored = await self._store.read(partitions)
+        failed: dict[_Key, Exception] = {}
+        leases: dict[_Key, Lease] = {}
+        suspects: dict[_Key, tuple[str, ...]] = {}
+        unknown: list[_Key] = []  # no lease history: look at the log first
+        for key, acquired in (await self._owners.leases.acquire(partitions)).items():
+            if isinstance(acquired, Held):
+                failed[key] = NotOwner(acquired.owner)
+                continue
+            leases[key] = acquired.lease
+            self._owners.granted(acquired.lease)
+            named = tuple(s for s in acquired.suspects if s != UNKNOWN)
+            if acquired.opened:  # recovering again (state lost, a write ambiguous)
+                suspects[key] = (self._owners.leases.instance_id,)
+                metrics.LEASES.labels("recovered_again").inc()
+            elif UNKNOWN in acquired.suspects and not acquired.has_state:
+                suspects[key] = named
+                unknown.append(key)
+            elif UNKNOWN in acquired.suspects:  # state without lease history
+                suspects[key] = (*named, self._owners.leases.instance_id)
+                suspects[key] += tuple(self._owners.live_instances())
+                metrics.LEASES.labels("taken_over").inc()
+            else:
+                suspects[key] = named
+                metrics.LEASES.labels("taken_over" if named else "handed_over").inc()
+        mine = list(leases)
+        if not mine:
+            return {}, failed
+        stored = await self._store.read(mine)
+        if unknown:
+            ends = await asyncio.to_thread(self._high_watermarks, unknown)
+            for key in unknown:
+                if ends[key] == 0 and not stored[key].valid and not stored[key].corrupt:
+                    metrics.LEASES.labels("acquired_new").inc()
+                    continue  # a log no one wrote: nothing to fence, offsets stay Kafka's
+                suspects[key] += (
+                    self._owners.leases.instance_id,
+                    *self._owners.live_instances(),
+                )
+                metrics.LEASES.labels("taken_over").inc()
+        await self._fence(suspects)
+        ends = await asyncio.to_thread(self._high_watermarks, mine)
         outcomes = await asyncio.gather(
-            *(self._recover(key, ends[key], stored[key], started) for key in partitions),
+            *(self._recover(key, ends[key], stored[key], started, leases[key]) for key in mine),
             return_exceptions=True,
         )
         recovered: dict[_Key, RecoveredPartition] = {}
-        failed: dict[_Key, Exception] = {}
-        for key, outcome in zip(partitions, outcomes, strict=True):
+        for key, outcome in zip(mine, outcomes, strict=True):
             if isinstance(outcome, RecoveredPartition):
                 recovered[key] = outcome
             elif isinstance(outcome, Exception):
@@ -103,8 +176,22 @@ class Recovery:
                 raise outcome  # CancelledError and the like
         return recovered, failed
 
+    async def _fence(self, suspects: dict[_Key, tuple[str, ...]]) -> None:
+        """Fence every suspect's transactional id on the partitions it is suspected on."""
+        by_suspect: dict[str, list[_Key]] = {}
+        for key, names in suspects.items():
+            for name in set(names):
+                by_suspect.setdefault(name, []).append(key)
+        me = self._owners.leases.instance_id
+        for name, keys in sorted(by_suspect.items()):
+            log.info("fencing before takeover", instance=name, partitions=len(keys))
+            if name == me:
+                await self._writer.fence(sorted(keys))
+            else:
+                await self._owners.fencer_for(name).fence(sorted(keys))
+
     async def _recover(
-        self, key: _Key, end: int, stored: StoredSnapshots, started: float
+        self, key: _Key, end: int, stored: StoredSnapshots, started: float, lease: Lease
     ) -> RecoveredPartition:
         topic, partition = key
         for problem in stored.corrupt:
@@ -139,8 +226,12 @@ class Recovery:
                 log_start=replayed.start,
             )
         producers, chunks = self._merge(snapshot, replayed)
-        token = uuid.uuid4().hex
-        await self._state.load_recovered(topic, partition, producers, token, clock_ms(), chunks)
+        token = f"{lease.owner}.{lease.epoch}.{uuid.uuid4().hex}"
+        loaded = await self._state.load_recovered(
+            topic, partition, producers, token, clock_ms(), chunks, lease.text
+        )
+        if not loaded:
+            raise LeaseLost(f"{topic}/{partition}: lease taken over during the recovery")
         generations = [s.generation for s in stored.valid]
         seconds = time.monotonic() - started
         metrics.RECOVERY_SECONDS.observe(seconds)

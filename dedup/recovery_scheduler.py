@@ -23,12 +23,15 @@ import structlog
 from dedup import metrics
 from dedup.partitions import AckCursor, Key, PartitionStates
 from dedup.ports import PartitionRecovery
-from dedup.recovery import RecoveredPartition
+from dedup.recovery import NotOwner, RecoveredPartition
 
 log = structlog.get_logger(__name__)
 
 RECOVERY_RETRY_S = (0.5, 30.0)  # first and longest pause before retrying a failed recovery
 RECOVERY_BATCH = 256  # partitions fenced together
+HOLDER_BELIEVED_S = (
+    1.0  # requests are sent to the lease holder for this long, then it is asked again
+)
 JOIN_S = 0.01  # let requests arriving together join one batch
 SETTLE_POLL_S = 0.05  # how often a partition waiting for its writes to settle is looked at
 
@@ -98,6 +101,16 @@ class RecoveryScheduler:
         )
         self.request((topic, partition), "state lost")
 
+    def forget(self, key: Key) -> None:
+        """The partition is no longer this instance's (lease lost or handed over): its
+        requests are refused or redirected until it is taken again."""
+        state = self.partitions.get(key)
+        if state is None:
+            return
+        state.recovered = False
+        state.token = ""
+        state.open.set()
+
     async def ensure_recovered(self, partitions: Sequence[Key], timeout_s: float) -> bool:
         """Recover those not recovered yet, and wait: a state read (last sequence id) after
         a crash is only true once the log's tail has been replayed."""
@@ -107,10 +120,16 @@ class RecoveryScheduler:
         return await self.wait_recovered(partitions, timeout_s)
 
     async def wait_recovered(self, partitions: Sequence[Key], timeout_s: float) -> bool:
-        """Whether every one of these partitions is recovered within the timeout."""
+        """Whether every one of these partitions is recovered, or found owned by another
+        instance, within the timeout."""
 
         def done() -> bool:
-            return all(self.partitions.of(key).recovered for key in partitions)
+            now = asyncio.get_running_loop().time()
+            return all(
+                self.partitions.of(key).recovered
+                or self.partitions.of(key).held_by(now) is not None
+                for key in partitions
+            )
 
         async with self._recovered:
             try:
@@ -181,6 +200,7 @@ class RecoveryScheduler:
         state.snapshot_records = 0
         state.snapshot_due = result.snapshot is None or result.snapshot.offset < result.end
         state.failed = False
+        state.holder = None
         state.recovered = True
         state.open.set()
         self._queue.pop(key, None)
@@ -189,6 +209,17 @@ class RecoveryScheduler:
     def _failed(self, key: Key, error: Exception) -> None:
         queued = self._queue.pop(key, None)
         if queued is None:
+            return
+        if isinstance(error, NotOwner):  # not to retry: its requests go to the holder
+            state = self.partitions.of(key)
+            state.holder = error.owner
+            state.holder_until = asyncio.get_running_loop().time() + HOLDER_BELIEVED_S
+            log.info(
+                "partition owned by another instance",
+                topic=key[0],
+                partition=key[1],
+                owner=error.owner,
+            )
             return
         queued.failures += 1
         first, longest = self._retry_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -16,9 +17,12 @@ from dedup.batches import IdentityHeaders
 from dedup.engine import DedupEngine
 from dedup.fencing import Fencer
 from dedup.links import UpstreamLinks
+from dedup.ownership.leases import Lease, PartitionLeases
+from dedup.ownership.members import Member, Membership
+from dedup.ownership.owner import Ownership
 from dedup.policies import Mode, PolicyStore
 from dedup.ports import SystemClock
-from dedup.recovery import Recovery
+from dedup.recovery import Owners, Recovery
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.settings import DedupSettings
 from dedup.snapshots import SnapshotError, SnapshotStore
@@ -41,6 +45,10 @@ class UpstreamAccess:
     connect_timeout_s: float
     known_upstreams: Callable[[], Sequence[Endpoint]]
     leader_of: LeaderLookup
+    leader_id_of: Callable[[str, int], Awaitable[tuple[int, int] | None]]
+    advertised_host: str  # how clients reach this instance (published to the others)
+    advertised_port_base: int
+    node_id_offset: int
 
 
 class DedupService:
@@ -51,7 +59,7 @@ class DedupService:
     ) -> None:
         self.settings = settings
         self.upstream = upstream
-        bootstrap, leader_of = upstream.known_upstreams, upstream.leader_of
+        leader_of = upstream.leader_of
         self._leader_of = leader_of
         self.redis = redis.asyncio.from_url(settings.redis)
         prefix = settings.redis_key_prefix
@@ -66,13 +74,33 @@ class DedupService:
         )
         # One connection per broker for the proxy's own writes and its fencing.
         self.links = UpstreamLinks(upstream.connect_timeout_s)
-        fencer = Fencer(f"dedup-proxy-{upstream.instance_id}", bootstrap, leader_of, self.links.get)
+        incarnation = uuid.uuid4().hex
+        me = Member(
+            upstream.instance_id,
+            incarnation,
+            0,  # given at join
+            upstream.advertised_host,
+            upstream.advertised_port_base,
+            upstream.node_id_offset,
+            settings.local_broker_id,
+        )
+        self.ownership = Ownership(
+            Membership(self.state, me, settings.lease_ttl_s),
+            PartitionLeases(self.state, upstream.instance_id, incarnation, settings.lease_ttl_s),
+            placement=settings.placement,
+            node_id_stride=settings.node_id_stride,
+            heartbeat_s=settings.heartbeat_s,
+            ttl_s=settings.lease_ttl_s,
+            leader_lookup=upstream.leader_id_of,
+        )
+        self._fencers: dict[str, Fencer] = {}
         self.writer = IdempotentWriter(
             leader_of,
-            fencer,
+            self._fencer_for(upstream.instance_id),
             self.links.get,
             timeout_s=upstream.connect_timeout_s,
             ambiguous_give_up_s=settings.ambiguous_write_give_up_s,
+            may_write=lambda topic, partition: self.ownership.still_mine((topic, partition)),
         )
         servers = ",".join(upstream.bootstrap_servers)
         self.snapshots = SnapshotStore(
@@ -86,12 +114,28 @@ class DedupService:
                 self.state,
                 servers,
                 headers,
+                Owners(
+                    self.ownership.leases,
+                    self._fencer_for,
+                    lambda: [
+                        m.instance_id
+                        for m in self.ownership.members
+                        if m.instance_id != upstream.instance_id
+                    ],
+                    self.ownership.granted,
+                ),
                 max_producers=settings.max_producers_per_snapshot,
                 replay_timeout_s=settings.replay_timeout_s,
             )
         )
         self.engine = DedupEngine(
-            self.state, self.policies, self.writer, headers, self.recoveries, SystemClock()
+            self.state,
+            self.policies,
+            self.writer,
+            headers,
+            self.recoveries,
+            SystemClock(),
+            self.ownership,
         )
         self.snapshotter = Snapshotter(
             self.engine,
@@ -103,7 +147,35 @@ class DedupService:
                 max_producers=settings.max_producers_per_snapshot,
             ),
         )
+        self.ownership.bind(on_lost=self.recoveries.forget, handoff=self._hand_off)
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _fencer_for(self, instance_id: str) -> Fencer:
+        """The fencer of an instance's transactional id (this one's, or a suspect's)."""
+        fencer = self._fencers.get(instance_id)
+        if fencer is None:
+            fencer = self._fencers[instance_id] = Fencer(
+                f"dedup-proxy-{instance_id}",
+                self.upstream.known_upstreams,
+                self._leader_of,
+                self.links.get,
+            )
+        return fencer
+
+    async def _hand_off(self, lease: Lease) -> bool:
+        """Before a clean release: no request is let in any more (the ownership redirects
+        them), every write already admitted settles, acknowledged positions reach Redis,
+        and a snapshot covers them all. True when all of it happened."""
+        state = self.engine.partition_states().get(lease.key)
+        if state is None or not state.recovered:
+            return False
+        # Counters with no event of their own; a handoff is rare and short.
+        while state.pending or state.cursor.unsettled:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        if not state.recovered or state.failed:
+            return False  # a write's fate was lost on the way: the next owner fences
+        await self.engine.flush_persisted()
+        return await self.snapshotter.snapshot_now(lease.key) is not None
 
     async def start(self) -> None:
         try:
@@ -111,6 +183,7 @@ class DedupService:
         except redis.RedisError as exc:
             # Not fatal: produce requests are refused (retriable) until Redis answers.
             log.error("Redis not reachable at start", redis=self.settings.redis, error=str(exc))
+        await self.ownership.start()  # DuplicateInstance: a configuration error, fatal
         self._tasks = [
             asyncio.create_task(self._purge_loop(), name="purge-idle-producers"),
             asyncio.create_task(self._prepare(), name="prepare-dedup"),
@@ -118,6 +191,8 @@ class DedupService:
         self.snapshotter.start()
 
     async def close(self) -> None:
+        # Hand every partition over first: the next owners then need no fence.
+        await self.ownership.close()
         try:
             await asyncio.wait_for(self.engine.flush_persisted(), 10)
         except TimeoutError:
@@ -155,9 +230,8 @@ class DedupService:
         return await asyncio.to_thread(ask)
 
     async def _prepare(self) -> None:
-        """The snapshot topic, then the recovery of every partition Redis knows of (the
-        rest recover on first use), so the partitions in use are ready before producers
-        come back after a restart."""
+        """The snapshot topic. Partitions are taken (and recovered) on first use: an
+        instance takes only what the placement gives it and a client asks for."""
         delay = 1.0
         while True:
             try:
@@ -167,21 +241,6 @@ class DedupService:
                 log.error("cannot create the snapshot topic; retrying", error=str(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 60.0)
-        try:
-            policies = await self.policies.snapshot()
-            candidates = [
-                (topic, partition)
-                for topic in await self.state.topics()
-                if policies.mode_for(topic) is not Mode.DISABLED
-                for partition in await self.state.partitions(topic)
-            ]
-        except redis.RedisError as exc:
-            log.warning("cannot list the partitions to recover at start", error=str(exc))
-            return
-        # State of deleted topics may linger in Redis: recover only what Kafka serves.
-        known = [key for key in candidates if await self._leader_of(*key) is not None]
-        if known:
-            self.engine.request_recovery(known, "proxy start")
 
     async def _purge_loop(self) -> None:
         idle_ms = int(self.settings.producer_idle_timeout_s * 1000)

@@ -164,26 +164,26 @@ def persisted_position(value: Persisted) -> tuple[int, int]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Script:
+class Script:
     name: str
     source: str
     sha: str
 
     @classmethod
-    def load(cls, name: str) -> _Script:
+    def load(cls, name: str) -> Script:
         lua = resources.files("dedup") / "lua"
         source = (lua / "seq.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
-_CHECK = _Script.load("check")
-_PERSIST = _Script.load("persist")
-_RESET = _Script.load("reset")
-_PURGE = _Script.load("purge")
-_LOAD = _Script.load("load")
+_CHECK = Script.load("check")
+_PERSIST = Script.load("persist")
+_RESET = Script.load("reset")
+_PURGE = Script.load("purge")
+_LOAD = Script.load("load")
 
 # One script call: the script, its keys, its arguments.
-_Call = tuple[_Script, tuple[str, ...], list[str]]
+_Call = tuple[Script, tuple[str, ...], list[str]]
 
 
 class DedupState:
@@ -309,7 +309,7 @@ class DedupState:
         """pushed := persisted (Pulsar's resetHighestSequenceIdPushed): after a write that
         definitely failed, once the partition's in-flight writes have settled. False when
         the token no longer matched (state lost): nothing was changed."""
-        pushed, persisted, _, token_key, pushed_chunk, persisted_chunk = self._keys(
+        pushed, persisted, _, token_key, pushed_chunk, persisted_chunk, _ = self._keys(
             topic, partition
         )
         keys = (pushed, persisted, token_key, pushed_chunk, persisted_chunk)
@@ -329,8 +329,8 @@ class DedupState:
 
     async def producers(self, topic: str, partition: int) -> dict[str, ProducerState]:
         """Every producer the partition tracks, with its pushed, persisted and last seen."""
-        pushed_key, persisted_key, seen_key, _, pushed_chunk_key, persisted_chunk_key = self._keys(
-            topic, partition
+        pushed_key, persisted_key, seen_key, _, pushed_chunk_key, persisted_chunk_key, _ = (
+            self._keys(topic, partition)
         )
         pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
         pipe.hgetall(pushed_key)
@@ -377,7 +377,7 @@ class DedupState:
             return []
         pipe = self._redis.pipeline(transaction=False)
         for partition in candidates:
-            pipe.exists(*self._keys(topic, partition))
+            pipe.exists(*self._keys(topic, partition)[:6])
         counts = await pipe.execute()
         return [p for p, count in zip(candidates, counts, strict=True) if count]
 
@@ -412,7 +412,7 @@ class DedupState:
             partitions = [partition]
         pipe = self._redis.pipeline(transaction=False)
         for p in partitions:
-            pipe.delete(*self._keys(topic, p))
+            pipe.delete(*self._keys(topic, p)[:6])  # the lease's history stays
         if partition is None:
             pipe.delete(set_key)
         else:
@@ -441,14 +441,19 @@ class DedupState:
         token: str,
         now_ms: int,
         chunks: Mapping[str, tuple[ChunkProgress, int]] | None = None,
-    ) -> None:
+        lease: str = "",
+    ) -> bool:
         """Recovery: both maps become {producer: (sequence, last seen ms)} (pushed =
         persisted), both chunk maps {producer: (message in progress, last seen ms)}, a
         producer's last seen is the later of the given and the known one, and the partition
-        takes `token`: calls made with an older token answer "lost"."""
+        takes `token`: calls made with an older token answer "lost". `lease` ("owner
+        incarnation epoch", `dedup.ownership.leases.Lease.text`) must still hold the
+        partition, else nothing is loaded and this returns False; loading opens the lease."""
         if not token:
             raise ValueError("a recovery token must not be empty")
-        await self._load(topic, partition, dict(producers), dict(chunks or {}), now_ms, token)
+        return await self._load(
+            topic, partition, dict(producers), dict(chunks or {}), now_ms, token, lease
+        )
 
     async def recovered_view(
         self, topic: str, partition: int, token: str
@@ -464,7 +469,9 @@ class DedupState:
         """The persisted maps (sequences and chunked messages in progress) with last seen
         times, read atomically, for a snapshot; None when the partition no longer holds
         `token` (state lost or recovered by another)."""
-        _, persisted_key, seen_key, token_key, _, persisted_chunk_key = self._keys(topic, partition)
+        _, persisted_key, seen_key, token_key, _, persisted_chunk_key, _ = self._keys(
+            topic, partition
+        )
         pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
         pipe.get(token_key)
         pipe.hgetall(persisted_key)
@@ -487,8 +494,9 @@ class DedupState:
         chunks: Mapping[str, tuple[ChunkProgress, int]],
         now_ms: int,
         token: str,
-    ) -> None:
-        args = [str(now_ms), token]
+        lease: str = "",
+    ) -> bool:
+        args = [str(now_ms), token, lease]
         for producer in producers.keys() | chunks.keys():
             sequence, seen_ms = producers.get(producer, (None, None))
             chunk, chunk_seen_ms = chunks.get(producer, (None, None))
@@ -501,11 +509,14 @@ class DedupState:
                 "" if chunk is None else chunk.encode(),
             )
         calls: list[_Call] = [(_LOAD, self._keys(topic, partition), args)]
-        await self._run(calls, self._note_partitions([(topic, partition)]))
+        (loaded,) = await self._run(calls, self._note_partitions([(topic, partition)]))
+        return bool(loaded)
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _keys(self, topic: str, partition: int) -> tuple[str, str, str, str, str, str]:
+    def _keys(self, topic: str, partition: int) -> tuple[str, str, str, str, str, str, str]:
+        """The partition's keys, one hash slot: the state's six, then its ownership lease
+        (`dedup.ownership.leases`), which outlives `clear`."""
         if partition < 0:
             raise ValueError(f"partition must be >= 0: {partition}")
         base = f"{self._prefix}:{{{topic}/{partition}}}"
@@ -516,7 +527,20 @@ class DedupState:
             f"{base}:token",
             f"{base}:pushed_chunk",
             f"{base}:persisted_chunk",
+            f"{base}:lease",
         )
+
+    partition_keys = _keys
+
+    @property
+    def key_prefix(self) -> str:
+        return self._prefix
+
+    async def run_scripts(
+        self, calls: Sequence[tuple[Script, tuple[str, ...], list[str]]]
+    ) -> list[Any]:
+        """Run script calls in one round trip (see `_run`): for other users of the keys."""
+        return await self._run(calls)
 
     def _partitions_key(self, topic: str) -> str:
         return f"{self._prefix}:{{{topic}}}:partitions"

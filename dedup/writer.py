@@ -82,6 +82,10 @@ _ABSENT = {
     ErrorCode.invalid_topic_exception,
     ErrorCode.topic_authorization_failed,
 }
+# A re-sent batch refused for its epoch: another fence (this instance's own, or a new owner
+# of the partition fencing this one) came first. Whether the first attempt landed before
+# that fence only a replay can tell, so the write is given up at once.
+_FENCED = {ErrorCode.invalid_producer_epoch, ErrorCode.producer_fenced}
 # Errors a client must never see from the proxy (fatal in librdkafka, or not retried).
 _HIDDEN_FROM_CLIENTS = {*_PRODUCER_STATE_LOST, ErrorCode.network_exception}
 
@@ -174,8 +178,13 @@ class IdempotentWriter:
         timeout_s: float = 30.0,
         retry_backoff_s: float = 0.2,
         ambiguous_give_up_s: float = 120.0,
+        may_write: Callable[[str, int], Awaitable[bool]] | None = None,
     ) -> None:
         self._leader_of = leader_of
+        # Asked before a partition's first batch under a new producer epoch: does this
+        # instance still own the partition? A new owner fences this instance's older
+        # epochs; a batch under an epoch taken after that fence would get through.
+        self._may_write = may_write
         self._producer_ids = producer_ids
         self._connect = connect
         self._timeout_s = timeout_s
@@ -214,13 +223,20 @@ class IdempotentWriter:
             for partition in partitions:  # sorted acquisition: no deadlock between requests
                 await partition.slots.acquire()
                 acquired.append(partition)
-            for partition in partitions:
-                await self._ensure_producer(partition)
+            refused = set()
+            for n, partition in enumerate(partitions):
+                if not await self._ensure_producer(partition, keys[ordered[n]]):
+                    refused.add(n)
             link = await self._connect(broker)
             # From here to send() nothing awaits: sequences are assigned in wire order.
             # Every batch is built before any takes its sequence, so one that fails to
             # build leaves nothing half assigned.
-            planned = [self._plan(partitions[n], batches[i]) for n, i in enumerate(ordered)]
+            planned = [
+                (partitions[n].next_sequence, None)
+                if n in refused
+                else self._plan(partitions[n], batches[i])
+                for n, i in enumerate(ordered)
+            ]
             request = self._produce_request(
                 [
                     (batches[i], data)
@@ -295,21 +311,31 @@ class IdempotentWriter:
             self._finish(partition, entry, written=False)
             return result
 
-    async def _ensure_producer(self, partition: _Partition) -> None:
-        """Give the partition a producer id it can start at sequence 0 with, if it needs one."""
+    async def _ensure_producer(self, partition: _Partition, key: tuple[str, int]) -> bool:
+        """Give the partition a producer id it can start at sequence 0 with, if it needs one.
+        False: this instance may not write the partition any more (`may_write`)."""
         if partition.producer is not None and not partition.needs_new_producer:
-            return
+            return True
         async with partition.switch_lock:
             if partition.producer is not None and not partition.needs_new_producer:
-                return
+                return True
             # Switch only when nothing is in flight: a late retry under the old producer id
             # would otherwise land after batches written under the new one.
             while partition.in_flight:
                 await asyncio.gather(*(entry.resolved for entry in list(partition.in_flight)))
-            partition.producer = await self._fresh_producer(partition.producer)
+            fresh = await self._fresh_producer(partition.producer)
+            if self._may_write is not None and not await self._may_write(*key):
+                log.warning(
+                    "not writing a partition this instance no longer owns",
+                    topic=key[0],
+                    partition=key[1],
+                )
+                return False
+            partition.producer = fresh
             partition.next_sequence = 0
             partition.rewind_to = None
             partition.needs_new_producer = False
+            return True
 
     def _plan(self, partition: _Partition, batch: BatchToWrite) -> tuple[int, bytes | None]:
         """The sequence the batch would take and its bytes; None: the caller withdrew it."""
@@ -395,6 +421,8 @@ class IdempotentWriter:
             except (OSError, TimeoutError):
                 results = None
             outcome = results.get((batch.topic, batch.partition)) if results else None
+            if outcome is not None and outcome.error_code in _FENCED:
+                return self._give_up(batch, partition, entry, attempt)
             if outcome is not None and (outcome.written or outcome.error_code in _ABSENT):
                 if attempt > 1 or outcome.written:
                     log.info(

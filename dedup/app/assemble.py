@@ -12,6 +12,7 @@ from functools import partial
 
 from dedup.admin_api import add_dedup_routes
 from dedup.app.settings import Settings
+from dedup.ownership.filters import ownership_filters
 from dedup.produce_filter import DedupProduceFilter
 from dedup.service import DedupService, UpstreamAccess
 from proxy.filters import standard_filters
@@ -29,7 +30,8 @@ class AssembledProxy:
 
 
 def assemble(settings: Settings) -> AssembledProxy:
-    cluster = UpstreamCluster(topology_of(settings), settings.upstream_connect_timeout_s)
+    topology = topology_of(settings)
+    cluster = UpstreamCluster(topology, settings.upstream_connect_timeout_s)
     filters = standard_filters()
     if settings.pass_through:
         return AssembledProxy(ProxyServer(settings, cluster, FilterChain(filters)))
@@ -41,8 +43,20 @@ def assemble(settings: Settings) -> AssembledProxy:
             connect_timeout_s=settings.upstream_connect_timeout_s,
             known_upstreams=cluster.known_upstreams,
             leader_of=cluster.leader_of,
+            leader_id_of=cluster.leader_id_of,
+            advertised_host=topology.advertised_host,
+            advertised_port_base=topology.advertised_port_base,
+            node_id_offset=topology.node_id_offset,
         ),
     )
-    chain = FilterChain([*filters, DedupProduceFilter(dedup.engine)])
+    # The ownership filters go first: response filters run in reverse, so they see the
+    # runtime's rewritten answers and name every instance's nodes.
+    chain = FilterChain(
+        [
+            *ownership_filters(dedup.ownership, dedup.policies),
+            *filters,
+            DedupProduceFilter(dedup.engine),
+        ]
+    )
     server = ProxyServer(settings, cluster, chain, services=[dedup])
     return AssembledProxy(server, [partial(add_dedup_routes, service=dedup)], dedup)

@@ -11,6 +11,7 @@ import typer
 from dedup.app.admin_commands import policy_app, producers, recover, snapshot, snapshots
 from dedup.app.plugins import add_plugin_commands
 from dedup.app.settings import Settings, load_settings
+from dedup.ownership.members import DuplicateInstance
 from dedup.spark.cli import spark_app
 from proxy.runtime.logs import configure_logging
 from proxy.runtime.settings import ConfigError
@@ -95,6 +96,9 @@ def serve(
     install_event_loop()
     try:
         asyncio.run(_serve(settings))
+    except DuplicateInstance as exc:
+        typer.echo(f"dedup-proxy: {exc}", err=True)
+        raise typer.Exit(2) from exc
     except OSError as exc:
         typer.echo(f"dedup-proxy: cannot listen: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -4,15 +4,30 @@
 -- and the one Redis knows ("" given: the known one, else now); producers missing from the
 -- map are forgotten.
 --
--- KEYS: pushed, persisted, seen, token, pushed_chunk, persisted_chunk
--- ARGV: now_ms, token ("" = remove the token), then per producer: producer, sequence ("" =
---       no complete sequence yet), seen_ms, chunk in progress (encoded as in seq.lua, "" =
---       none)
+-- KEYS: pushed, persisted, seen, token, pushed_chunk, persisted_chunk, lease
+-- ARGV: now_ms, token ("" = remove the token), the lease that must hold the partition
+--       ("owner incarnation epoch"; "" = none is checked), then per producer: producer,
+--       sequence ("" = no complete sequence yet), seen_ms, chunk in progress (encoded as in
+--       seq.lua, "" = none)
+-- Returns 1, or 0 without changing anything when the lease is no longer the caller's (an
+-- instance that lost the partition while it replayed must not load its view). Loading
+-- opens the lease: its holder may write from now on, and the instances it fenced are no
+-- longer suspects.
 local pushed_key, persisted_key, seen_key, token_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lease_key = KEYS[7]
 local now = tonumber(ARGV[1])
+if ARGV[3] ~= '' then
+    local owner, inc, epoch, state = unpack(
+        redis.call('HMGET', lease_key, 'owner', 'inc', 'epoch', 'state'))
+    if (owner or '') .. ' ' .. (inc or '') .. ' ' .. (epoch or '') ~= ARGV[3]
+        or state == 'released' then
+        return 1
+    end
+    redis.call('HSET', lease_key, 'state', 'open', 'suspects', '')
+end
 
 local seen = {}
-for i = 3, #ARGV, 4 do
+for i = 4, #ARGV, 4 do
     local p, given = ARGV[i], tonumber(ARGV[i + 2])
     local known = tonumber(redis.call('ZSCORE', seen_key, p))
     if given and known then
@@ -22,7 +37,7 @@ for i = 3, #ARGV, 4 do
     end
 end
 redis.call('DEL', pushed_key, persisted_key, seen_key, token_key, KEYS[5], KEYS[6])
-for i = 3, #ARGV, 4 do
+for i = 4, #ARGV, 4 do
     local p, s, chunk = ARGV[i], ARGV[i + 1], ARGV[i + 3]
     if s ~= '' then
         redis.call('HSET', pushed_key, p, s)
@@ -37,4 +52,4 @@ end
 if ARGV[2] ~= '' then
     redis.call('SET', token_key, ARGV[2])
 end
-return 0
+return 1

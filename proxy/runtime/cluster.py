@@ -41,6 +41,11 @@ class UpstreamCluster:
 
     async def leader_of(self, topic: str, partition: int) -> Endpoint | None:
         """The upstream address of a partition's leader, asked of the cluster now."""
+        found = await self.leader_id_of(topic, partition)
+        return None if found is None else self.topology.upstream(found[0])
+
+    async def leader_id_of(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """A partition's leader node id and leader epoch, asked of the cluster now."""
         request = MetadataRequest(
             topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
             allow_auto_topic_creation=False,
@@ -57,6 +62,6 @@ class UpstreamCluster:
             for found in response.topics:
                 for part in found.partitions:
                     if int(part.partition_index) == partition and part.error_code == 0:
-                        return self.topology.upstream(int(part.leader_id))
+                        return int(part.leader_id), int(part.leader_epoch)
             return None
         return None

@@ -45,7 +45,9 @@ def proxy(local_env: EnvInfo, proxy_log: Path, redis_key_prefix: str) -> Iterato
         env={
             "DEDUP_PROXY_MAX_FRAME_BYTES": str(MAX_FRAME_BYTES),
             "DEDUP_PROXY_REDIS": local_env.redis,
-            "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
+            # A deployment of its own: instances sharing a key prefix share partition
+            # ownership, and this one has dedup off by default.
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"{redis_key_prefix}-pass",
         },
         log_path=proxy_log,
     )

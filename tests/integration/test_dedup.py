@@ -326,7 +326,8 @@ def relayed(
         env={
             "DEDUP_PROXY_ADVERTISED_BROKER_PORT_BASE": str(RELAY_BROKER_BASE),
             "DEDUP_PROXY_REDIS": local_env.redis,
-            "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
+            # Its own deployment (instances sharing a prefix share partition ownership).
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"{redis_key_prefix}-relayed",
             "DEDUP_PROXY_POLICY_CACHE_S": "0",  # see the dedup_proxy fixture
         },
         log_path=tmp_path_factory.mktemp("relayed") / "proxy.log",
@@ -486,7 +487,7 @@ def test_idle_producers_are_purged(
         extra_args=["--broker-port-base", str(IDLE_PURGE.broker_base)],
         env={
             "DEDUP_PROXY_REDIS": local_env.redis,
-            "DEDUP_PROXY_REDIS_KEY_PREFIX": redis_key_prefix,
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"{redis_key_prefix}-idle",
             "DEDUP_PROXY_PRODUCER_IDLE_TIMEOUT_S": "2",
         },
         log_path=tmp_path / "proxy.log",

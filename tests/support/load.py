@@ -24,6 +24,11 @@ class _BackgroundLoad:
         self._thread.start()
         return self
 
+    @property
+    def running(self) -> bool:
+        """Still sending (or not yet started)."""
+        return self._thread.is_alive()
+
     def wait_delivered(self, count: int, timeout_s: float = 60) -> None:
         wait_until(
             lambda: self.delivered >= count,

@@ -31,6 +31,11 @@ RELAYED = ProxyPorts(listen=28792, admin=28780, broker_base=28793)  # test_dedup
 IDLE_PURGE = ProxyPorts(listen=28992, admin=28980, broker_base=28993)  # test_dedup
 RECOVERY = ProxyPorts(listen=27092, admin=27080, broker_base=27093)  # test_recovery
 CHUNKS = ProxyPorts(listen=29192, admin=29180, broker_base=29193)  # test_chunks
+# test_instances: several instances sharing one Redis key prefix.
+INSTANCES = [
+    ProxyPorts(listen=25092 + 100 * i, admin=25080 + 100 * i, broker_base=25093 + 100 * i)
+    for i in range(3)
+]
 # test_pass_through: a proxy assembled without dedup.
 PASS_THROUGH_ONLY = ProxyPorts(listen=29392, admin=29380, broker_base=29393)
 

@@ -44,9 +44,11 @@ from dedup.batches import (
 )
 from dedup.engine import DedupEngine, PartitionAnswer
 from dedup.fencing import FenceError
+from dedup.ownership.nodes import Node
+from dedup.ownership.owner import Redirect
 from dedup.policies import Mode, PolicySnapshot
 from dedup.produce_filter import produce_response
-from dedup.recovery import RecoveredPartition
+from dedup.recovery import NotOwner, RecoveredPartition
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.state import PartitionCheck, PartitionVerdict, Persisted, Status
 from dedup.writer import WITHDRAWN, BatchToWrite, WriteResult
@@ -337,6 +339,7 @@ class FakeRecovery:
     hold: asyncio.Event | None = None  # every run waits for it
     failing: dict[Key, int] = field(default_factory=dict)  # key -> runs left that fail it
     unfenceable: set[Key] = field(default_factory=set)  # a run holding one raises
+    held: dict[Key, str] = field(default_factory=dict)  # key -> the instance holding its lease
     _tokens: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     async def run(
@@ -350,6 +353,9 @@ class FakeRecovery:
         recovered: dict[Key, RecoveredPartition] = {}
         failed: dict[Key, Exception] = {}
         for key in partitions:
+            if key in self.held:
+                failed[key] = NotOwner(self.held[key])
+                continue
             if self.failing.get(key, 0) > 0:
                 self.failing[key] -= 1
                 failed[key] = RuntimeError("replay failed")
@@ -373,6 +379,27 @@ class FixedPolicies:
 
 
 @dataclass
+class FakeOwners:
+    """Partition ownership (`ports.Owners`): this instance owns everything but ``elsewhere``."""
+
+    elsewhere: dict[Key, Redirect] = field(default_factory=dict)
+
+    def ready(self) -> bool:
+        return True
+
+    def serves_here(self, key: Key) -> bool:
+        return key not in self.elsewhere
+
+    def redirect(self, key: Key, holder: str | None = None) -> Redirect | None:
+        if holder is not None:
+            return Redirect(holder, Node(7001, Endpoint("holder", 9092)), 3)
+        return self.elsewhere.get(key)
+
+    async def learn_leader(self, key: Key) -> tuple[int, int] | None:
+        return 1, 3
+
+
+@dataclass
 class FakeClock:
     now_ms: int = NOW_MS
 
@@ -387,6 +414,7 @@ class Rig:
     recovery: FakeRecovery
     scheduler: RecoveryScheduler
     engine: DedupEngine
+    owners: FakeOwners
 
     async def admit(self, *parts: tuple[Key, bytes]) -> asyncio.Task[dict[Key, PartitionAnswer]]:
         """Admit one request now (its place in line) and start it, without waiting."""
@@ -415,6 +443,7 @@ async def running(
     state, writer = FakeState(), FakeWriter()
     recovery = FakeRecovery(state, writer)
     scheduler = RecoveryScheduler(recovery, retry_s=retry_s)
+    owners = FakeOwners()
     engine = DedupEngine(
         state,
         FixedPolicies(policies or PolicySnapshot(Mode.ENABLED)),
@@ -422,11 +451,12 @@ async def running(
         IdentityHeaders(),
         scheduler,
         FakeClock(),
+        owners,
         first_use_wait_s=first_use_wait_s,
         settle_wait_s=2.0,
     )
     try:
-        yield Rig(state, writer, recovery, scheduler, engine)
+        yield Rig(state, writer, recovery, scheduler, engine, owners)
     finally:
         await scheduler.close()
         await engine.close()
@@ -892,3 +922,47 @@ def test_a_producer_retrying_through_any_failures_gets_each_record_in_the_log_on
             assert rig.writer.log[P0] == in_order("p", range(start))
 
     asyncio.run(scenario())
+
+
+# ----------------------------------------------------------------------------- ownership
+
+
+async def test_a_partition_another_instance_should_own_is_redirected_there_unwritten() -> None:
+    async with running() as rig:
+        owner = Redirect("b", Node(2001, Endpoint("b-host", 9193)), 5)
+        rig.owners.elsewhere[P0] = owner
+        answer = (await rig.send((P0, records("p", [0]))))[P0]
+        assert answer.error_code == ErrorCode.not_leader_or_follower
+        assert answer.redirect == owner
+        assert rig.writer.log[P0] == [] and rig.recovery.calls == [], "neither taken nor written"
+        del rig.owners.elsewhere[P0]  # the owner moved here
+        assert ok((await rig.send((P0, records("p", [0]))))[P0])
+        assert rig.writer.log[P0] == in_order("p", [0])
+
+
+async def test_a_partition_whose_lease_another_holds_goes_to_the_holder_then_here() -> None:
+    async with running() as rig:
+        rig.recovery.held[P0] = "a"
+        answer = (await rig.send((P0, records("p", [0]))))[P0]
+        assert answer.error_code == ErrorCode.not_leader_or_follower
+        assert answer.redirect is not None and answer.redirect.owner == "a"
+        again = (await rig.send((P0, records("p", [0]))))[P0]
+        assert again.redirect is not None, "the holder is believed a moment, not asked again"
+        assert rig.recovery.calls == [[P0]]
+        del rig.recovery.held[P0]  # released
+        await asyncio.sleep(1.1)
+        assert ok((await rig.send((P0, records("p", [0]))))[P0])
+        assert rig.writer.log[P0] == in_order("p", [0])
+        assert rig.recovery.calls == [[P0], [P0]]
+
+
+def test_a_redirect_reaches_the_client_as_kip_951_leader_and_endpoint() -> None:
+    owner = Redirect("b", Node(2001, Endpoint("b-host", 9193)), 5)
+    answers = {P0: PartitionAnswer(ErrorCode.not_leader_or_follower, redirect=owner)}
+    response: Any = produce_response(10, answers, produce_request((P0, records("p", [0]))))
+    (part,) = response.responses[0].partition_responses
+    assert (int(part.current_leader.leader_id), int(part.current_leader.leader_epoch)) == (2001, 5)
+    (endpoint,) = response.node_endpoints
+    assert (int(endpoint.node_id), endpoint.host, int(endpoint.port)) == (2001, "b-host", 9193)
+    older: Any = produce_response(9, answers, produce_request((P0, records("p", [0]))))
+    assert int(older.responses[0].partition_responses[0].error_code) == 6

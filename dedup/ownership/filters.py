@@ -1,0 +1,213 @@
+"""Responses that name nodes, rewritten so clients reach each partition's owner.
+
+The runtime's address filters (`proxy.filters.addresses`) have already put this instance's
+listener in place of every broker; these run after them (earlier in the chain: response
+filters run in reverse) and describe the nodes of every live instance instead
+(`dedup.ownership.nodes`). In a Metadata response, a partition of a topic with dedup on is
+led by its owner's node for the leader broker; everything else (replicas, coordinators,
+the controller, KIP-951 endpoints in Produce and Fetch answers) by this instance's node for
+the broker, so consumers and admin clients keep working through any instance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from kio.schema.types import BrokerId
+from kio.static.primitive import i32
+from kio.static.protocol import ResponsePayload
+
+from dedup.ownership.owner import Ownership
+from dedup.policies import Mode, PolicyStore
+from proxy.kafka.api_keys import ApiKey
+from proxy.runtime.chain import FilterContext
+
+BROKER_ENDPOINT_TYPE = 1  # DescribeCluster v1+: 1 = brokers, 2 = controllers
+
+
+class _NodesFilter:
+    def __init__(self, ownership: Ownership) -> None:
+        self._ownership = ownership
+
+    def wants_response(
+        self, version: int, payload: bytes, body_start: int, context: FilterContext
+    ) -> bool:
+        return True
+
+    async def on_response(
+        self, version: int, response: ResponsePayload, context: FilterContext
+    ) -> ResponsePayload:
+        rewritten: ResponsePayload = await self._rewrite(version, response)
+        return rewritten
+
+    async def _rewrite(self, version: int, response: Any) -> Any:
+        raise NotImplementedError
+
+    def _broker(self, entity: Any, node_id: int, id_field: str = "node_id") -> Any:
+        node = self._ownership.nodes().local(node_id)
+        return replace(
+            entity,
+            **{id_field: BrokerId(node.node_id)},
+            host=node.endpoint.host,
+            port=i32(node.endpoint.port),
+        )
+
+    def _local_id(self, node_id: int) -> int:
+        return node_id if node_id < 0 else self._ownership.nodes().local(node_id).node_id
+
+
+class OwnedMetadataFilter(_NodesFilter):
+    response_keys = frozenset({ApiKey.METADATA})
+
+    def __init__(self, ownership: Ownership, policies: PolicyStore) -> None:
+        super().__init__(ownership)
+        self._policies = policies
+
+    async def _rewrite(self, version: int, response: Any) -> Any:
+        nodes = self._ownership.nodes()
+        policies = await self._policies.snapshot()
+        racks = {int(b.node_id): b.rack for b in response.brokers}
+        brokers = (
+            tuple(
+                replace(
+                    response.brokers[0],
+                    node_id=BrokerId(node.node_id),
+                    host=node.endpoint.host,
+                    port=i32(node.endpoint.port),
+                    rack=racks.get(nodes.broker_of(node.node_id)),
+                )
+                for node in nodes.all(racks)
+            )
+            if response.brokers
+            else ()
+        )
+        topics = []
+        for topic in response.topics:
+            name = None if topic.name is None else str(topic.name)
+            deduped = name is not None and policies.mode_for(name) is not Mode.DISABLED
+            partitions = []
+            for part in topic.partitions:
+                leader = int(part.leader_id)
+                key = (name or "", int(part.partition_index))
+                if name is not None:
+                    epoch = int(getattr(part, "leader_epoch", -1))
+                    self._ownership.observe_leader(key, leader, epoch)
+                owner = self._ownership.owner_of(key) if deduped and leader >= 0 else None
+                leader_node = (
+                    nodes.of(owner, leader).node_id if owner is not None else self._local_id(leader)
+                )
+                changes: dict[str, Any] = {"leader_id": BrokerId(leader_node)}
+                for field in ("replica_nodes", "isr_nodes", "offline_replicas"):
+                    if hasattr(part, field):  # offline_replicas: v5+
+                        changes[field] = tuple(
+                            BrokerId(self._local_id(int(n))) for n in getattr(part, field)
+                        )
+                partitions.append(replace(part, **changes))
+            topics.append(replace(topic, partitions=tuple(partitions)))
+        top: dict[str, Any] = {"brokers": brokers, "topics": tuple(topics)}
+        if hasattr(response, "controller_id"):  # v1+
+            top["controller_id"] = BrokerId(self._local_id(int(response.controller_id)))
+        return replace(response, **top)
+
+
+class OwnedDescribeClusterFilter(_NodesFilter):
+    response_keys = frozenset({ApiKey.DESCRIBE_CLUSTER})
+
+    async def _rewrite(self, version: int, response: Any) -> Any:
+        if getattr(response, "endpoint_type", BROKER_ENDPOINT_TYPE) != BROKER_ENDPOINT_TYPE:
+            return response
+        nodes = self._ownership.nodes()
+        racks = {int(b.broker_id): b.rack for b in response.brokers}
+        brokers = (
+            tuple(
+                replace(
+                    response.brokers[0],
+                    broker_id=BrokerId(node.node_id),
+                    host=node.endpoint.host,
+                    port=i32(node.endpoint.port),
+                    rack=racks.get(nodes.broker_of(node.node_id)),
+                )
+                for node in nodes.all(racks)
+            )
+            if response.brokers
+            else ()
+        )
+        return replace(
+            response,
+            brokers=brokers,
+            controller_id=BrokerId(self._local_id(int(response.controller_id))),
+        )
+
+
+class OwnedCoordinatorFilter(_NodesFilter):
+    response_keys = frozenset({ApiKey.FIND_COORDINATOR})
+
+    async def _rewrite(self, version: int, response: Any) -> Any:
+        if version < 4:
+            if response.node_id < 0:
+                return response
+            return self._broker(response, int(response.node_id))
+        return replace(
+            response,
+            coordinators=tuple(
+                self._broker(c, int(c.node_id)) if c.node_id >= 0 else c
+                for c in response.coordinators
+            ),
+        )
+
+
+class OwnedLeaderHintsFilter(_NodesFilter):
+    """KIP-951 hints in Produce (v10+) and Fetch (v16+) answers: the node endpoints and
+    each partition's ``current_leader`` name this instance's node for the broker. Decoded
+    only when the raw answer names an upstream host (as the runtime's filter does)."""
+
+    def __init__(self, ownership: Ownership, api_key: ApiKey, first_version: int) -> None:
+        super().__init__(ownership)
+        self.response_keys = frozenset({api_key})
+        self._api_key = api_key
+        self._first_version = first_version
+
+    def wants_response(
+        self, version: int, payload: bytes, body_start: int, context: FilterContext
+    ) -> bool:
+        if version < self._first_version:
+            return False
+        hosts = context.topology.upstream_hosts()
+        return any(payload.find(host, body_start) >= 0 for host in hosts)
+
+    async def _rewrite(self, version: int, response: Any) -> Any:
+        endpoints = getattr(response, "node_endpoints", ())
+        if not endpoints:
+            return response
+        topics = []
+        for topic in response.responses:
+            parts_field = "partition_responses" if self._api_key is ApiKey.PRODUCE else "partitions"
+            parts = []
+            for part in getattr(topic, parts_field):
+                leader = part.current_leader
+                if leader is not None and int(leader.leader_id) >= 0:
+                    part = replace(
+                        part,
+                        current_leader=replace(
+                            leader, leader_id=BrokerId(self._local_id(int(leader.leader_id)))
+                        ),
+                    )
+                parts.append(part)
+            topics.append(replace(topic, **{parts_field: tuple(parts)}))
+        return replace(
+            response,
+            responses=tuple(topics),
+            node_endpoints=tuple(self._broker(e, int(e.node_id)) for e in endpoints),
+        )
+
+
+def ownership_filters(ownership: Ownership, policies: PolicyStore) -> list[object]:
+    """In chain order, placed before the runtime's filters (so they run after them)."""
+    return [
+        OwnedMetadataFilter(ownership, policies),
+        OwnedDescribeClusterFilter(ownership),
+        OwnedCoordinatorFilter(ownership),
+        OwnedLeaderHintsFilter(ownership, ApiKey.PRODUCE, first_version=10),
+        OwnedLeaderHintsFilter(ownership, ApiKey.FETCH, first_version=16),
+    ]

@@ -1,0 +1,335 @@
+"""Several proxy instances on one Redis in front of one cluster: one owner per partition,
+clients steered to it, fenced takeovers and clean handoffs.
+
+Each test starts its own group of instances (real processes sharing a Redis key prefix and
+a snapshot topic), writes through them with real clients, kills, freezes and restarts
+them, and reads the topic back from Kafka: every record exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+import urllib.request
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from dedup.client import DedupProducer
+from dedup.identity import DEFAULT_PRODUCER_HEADER
+from deploy.launcher import ProxyProcess
+from deploy.local import EnvInfo
+from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
+from tests.support.load import SequencedProducer
+from tests.support.ports import INSTANCES
+from tests.support.proxy_api import metric_total
+from tests.support.restartable import RestartableProxy
+from tests.support.topics import new_topic
+
+pytestmark = pytest.mark.integration
+
+REDIS_DB = 6  # this file's instances only
+TTL_S = 3.0
+FAST = {"DEDUP_PROXY_LEASE_TTL_S": str(TTL_S), "DEDUP_PROXY_HEARTBEAT_S": "0.5"}
+
+
+class Group:
+    """Instances inst-0..n-1 sharing a key prefix and a snapshot topic."""
+
+    def __init__(self, env: EnvInfo, log_dir: Path, count: int, **settings: str) -> None:
+        tag = uuid.uuid4().hex[:8]
+        shared = {
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"instances-{tag}",
+            "DEDUP_PROXY_SNAPSHOT_TOPIC": f"__dedup_snapshots_instances_{tag}",
+            **FAST,
+            **settings,
+        }
+        self.members = [
+            RestartableProxy(
+                env,
+                log_dir / f"inst-{i}",
+                INSTANCES[i],
+                REDIS_DB,
+                "instances",
+                DEDUP_PROXY_INSTANCE_ID=f"inst-{i}-{tag}",
+                **shared,
+            )
+            for i in range(count)
+        ]
+        for member in self.members:
+            member.log_dir.mkdir(parents=True, exist_ok=True)
+        self.ids = [member.settings["DEDUP_PROXY_INSTANCE_ID"] for member in self.members]
+
+    def start(self) -> Group:
+        for member in self.members:
+            member.start()
+        return self
+
+    def proxy(self, i: int) -> ProxyProcess:
+        process = self.members[i].process
+        assert process is not None, f"inst-{i} is not running"
+        return process
+
+    def ownership(self, i: int) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.proxy(i).admin_url}/v1/ownership", timeout=10) as r:
+            data: dict[str, Any] = json.load(r)
+            return data
+
+    def holder(self, topic: str, partition: int) -> int:
+        """The index of the instance holding the partition's lease (asked of each)."""
+        name = f"{topic}/{partition}"
+        holders = [
+            i
+            for i, m in enumerate(self.members)
+            if m.process is not None and name in self.ownership(i)["held"]
+        ]
+        assert len(holders) == 1, f"{name} held by {holders}"
+        return holders[0]
+
+    def metric(self, series: str) -> float:
+        return sum(metric_total(m.process, series) for m in self.members if m.process is not None)
+
+    def stop(self) -> None:
+        for member in self.members:
+            if member.process is not None:
+                member.process.kill()
+                member.process = None
+
+
+@pytest.fixture
+def group_factory(local_env: EnvInfo, tmp_path: Path) -> Iterator[Any]:
+    groups: list[Group] = []
+
+    def make(count: int, **settings: str) -> Group:
+        group = Group(local_env, tmp_path, count, **settings)
+        groups.append(group)
+        return group.start()
+
+    yield make
+    for group in groups:
+        group.stop()
+
+
+def send_all(bootstrap: str, topic: str, name: str, sequences: range, prefix: str = "") -> None:
+    producer = DedupProducer(bootstrap, name)
+    for sequence in sequences:
+        producer.send(topic, f"{prefix}{sequence}".encode(), sequence_id=sequence, partition=0)
+    assert producer.flush(120) == 0
+
+
+def numbers(bootstrap: str, topic: str, prefix: str) -> list[bytes]:
+    return [
+        v[len(prefix) :] for v, _ in read_all(bootstrap, topic) if v.startswith(prefix.encode())
+    ]
+
+
+# ----------------------------------------------------------------------------- offsets
+
+
+def test_a_new_topic_written_through_dedup_starts_at_offset_zero(
+    group_factory: Any, local_env: EnvInfo
+) -> None:
+    """No fence where nothing can need one: offsets are exactly Kafka's."""
+    group = group_factory(1)
+    topic = new_topic(local_env.bootstrap, partitions=1)
+    send_all(group.proxy(0).bootstrap, topic, "first", range(100))
+    consumer = Consumer(
+        {
+            "bootstrap.servers": local_env.bootstrap,
+            "group.id": f"offsets-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        offsets = []
+        deadline = time.monotonic() + 30
+        while len(offsets) < 100 and time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None and message.error() is None:
+                offsets.append(message.offset())
+    finally:
+        consumer.close()
+    assert offsets == list(range(100)), "the first record at offset 0, no marker between"
+    assert end_offset(local_env.bootstrap, topic) == 100
+    assert group.metric('dedup_lease_events_total{event="acquired_new"}') == 1
+
+
+# ----------------------------------------------------------------------------- steering
+
+
+def test_instances_split_the_partitions_and_clients_reach_each_owner(
+    group_factory: Any, local_env: EnvInfo
+) -> None:
+    group = group_factory(2)
+    topic = new_topic(local_env.bootstrap, partitions=8)
+    producer = DedupProducer(group.proxy(0).bootstrap, "spread")  # bootstrap: inst-0 only
+    for sequence in range(4000):
+        producer.send(
+            topic, str(sequence).encode(), key=str(sequence).encode(), sequence_id=sequence
+        )
+    assert producer.flush(120) == 0
+    values = sorted(v for _, v in by_producer(local_env.bootstrap, topic, 8)["spread"])
+    assert values == list(range(4000))
+    held = [set(group.ownership(i)["held"]) for i in range(2)]
+    assert held[0] and held[1], f"both instances own partitions: {held}"
+    assert not held[0] & held[1]
+    assert held[0] | held[1] == {f"{topic}/{p}" for p in range(8)}
+    assert group.metric('dedup_recoveries_total{result="ok"}') == 8, "one recovery each"
+    assert group.metric('dedup_lease_events_total{event="taken_over"}') == 0
+
+
+# ----------------------------------------------------------------------------- failover
+
+
+def test_a_frozen_owner_is_fenced_and_a_failover_with_resends_stays_exactly_once(
+    group_factory: Any, local_env: EnvInfo
+) -> None:
+    """The owner is frozen (SIGSTOP) with writes in flight, the producer moves to the other
+    instance and re-sends a window of acknowledged sequences; the zombie wakes up with its
+    old writes; it is killed, restarted, and a second window goes through it. Meanwhile a
+    second producer writes through the other instance throughout."""
+    group = group_factory(2)
+    topic = new_topic(local_env.bootstrap, partitions=1)
+    send_all(group.proxy(0).bootstrap, topic, "warm", range(1), prefix="w-")
+    owner = group.holder(topic, 0)
+    other = 1 - owner
+    total = 20_000
+
+    steady = threading.Thread(
+        target=send_all,
+        args=(group.proxy(other).bootstrap, topic, "steady", range(5000), "s-"),
+    )
+    steady.start()
+    acked: list[int] = []
+    first = DedupProducer(group.proxy(owner).bootstrap, "mover", **{"linger.ms": 5})
+
+    def delivered(err: Any, message: Any) -> None:
+        if err is None:
+            acked.append(int(message.value()[2:]))
+
+    for sequence in range(total):
+        first.send(
+            topic,
+            f"m-{sequence}".encode(),
+            sequence_id=sequence,
+            partition=0,
+            on_delivery=delivered,
+        )
+        if sequence % 500 == 0:
+            first.poll(0)
+        if sequence == total // 2:
+            time.sleep(0.5)
+            os.kill(group.proxy(owner).pid, signal.SIGSTOP)  # writes in flight, frozen
+            break
+    first.purge()  # the producer gives up on its instance, as a restarted one would
+    first.poll(1)
+    resend_from = max(0, max(acked, default=0) - 3000)
+    time.sleep(TTL_S + 1)
+    send_all(group.proxy(other).bootstrap, topic, "mover", range(resend_from, total), "m-")
+    os.kill(group.proxy(owner).pid, signal.SIGCONT)  # the zombie's writes go out now
+    time.sleep(2)
+    group.members[owner].kill()
+    group.members[owner].start()
+    send_all(group.proxy(owner).bootstrap, topic, "mover", range(total // 3, total), "m-")
+    steady.join(120)
+    assert_exactly_once_in_order(numbers(local_env.bootstrap, topic, "m-"), total)
+    assert_exactly_once_in_order(numbers(local_env.bootstrap, topic, "s-"), 5000)
+    assert group.metric('dedup_lease_events_total{event="taken_over"}') >= 1
+
+
+def test_a_second_live_process_with_the_same_instance_id_is_refused(
+    group_factory: Any, local_env: EnvInfo, tmp_path: Path
+) -> None:
+    group = group_factory(1)
+    twin = RestartableProxy(
+        local_env, tmp_path, INSTANCES[1], REDIS_DB, "instances", **group.members[0].settings
+    )
+    with pytest.raises(RuntimeError, match="exited with code 2"):
+        twin.start()
+    assert any("in use by another live proxy process" in line for line in twin.log_lines(""))
+    assert group.proxy(0).health() is not None, "the first one runs on"
+
+
+# ----------------------------------------------------------------------------- restarts
+
+
+def by_producer(bootstrap: str, topic: str, partitions: int) -> dict[str, list[tuple[int, int]]]:
+    """Per producer name (its identity header): (partition, value) in log order."""
+    found: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for partition in range(partitions):
+        for value, headers in read_all(bootstrap, topic, partition):
+            found[headers[DEFAULT_PRODUCER_HEADER].decode()].append((partition, int(value)))
+    return found
+
+
+def assert_each_once_in_order(written: list[tuple[int, int]], total: int) -> None:
+    """0..total-1 once each, and in order within each partition."""
+    assert sorted(v for _, v in written) == list(range(total)), "each exactly once"
+    for partition in {p for p, _ in written}:
+        values = [v for p, v in written if p == partition]
+        assert values == sorted(values), f"partition {partition} out of order"
+
+
+def test_a_rolling_restart_under_load_hands_partitions_over_cleanly(
+    group_factory: Any, local_env: EnvInfo
+) -> None:
+    group = group_factory(3)
+    topic = new_topic(local_env.bootstrap, partitions=6)
+    loads = [
+        SequencedProducer(
+            group.proxy(i).bootstrap, topic, f"roll-{i}", 15_000, per_second=3000, keyed=True
+        ).start()
+        for i in range(3)
+    ]
+    for i in range(3):
+        time.sleep(1.5)
+        group.members[i].stop()  # SIGTERM: drain, hand over, leave
+        group.members[i].start()
+    for load in loads:
+        assert load.finish(180) == 0
+    written = by_producer(local_env.bootstrap, topic, 6)
+    assert sorted(written) == [f"roll-{i}" for i in range(3)]
+    for name in written:
+        assert_each_once_in_order(written[name], 15_000)
+    assert group.metric('dedup_lease_events_total{event="taken_over"}') == 0, "no fence needed"
+
+
+def test_instances_killed_in_turn_under_load_lose_and_duplicate_nothing(
+    group_factory: Any, local_env: EnvInfo
+) -> None:
+    """Set DEDUP_TEST_KILL_LOOP_RECORDS (default 30000) for a longer run."""
+    records = int(os.environ.get("DEDUP_TEST_KILL_LOOP_RECORDS", "30000"))
+    group = group_factory(3)
+    topic = new_topic(local_env.bootstrap, partitions=6)
+    per = records // 3
+    loads = [
+        SequencedProducer(
+            group.proxy(i).bootstrap, topic, f"kill-{i}", per, per_second=1000, keyed=True
+        ).start()
+        for i in range(3)
+    ]
+    rng = random.Random(13)
+    kills = 0
+    while any(load.running for load in loads):
+        time.sleep(2)
+        victim = rng.randrange(3)
+        group.members[victim].kill()
+        group.members[victim].start()
+        kills += 1
+    for load in loads:
+        assert load.finish(180) == 0
+    written = by_producer(local_env.bootstrap, topic, 6)
+    assert sorted(written) == [f"kill-{i}" for i in range(3)]
+    for name in written:
+        assert_each_once_in_order(written[name], per)
+    assert kills >= 2, "the load outlived at least two kills"
