@@ -18,7 +18,8 @@ from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
 from tests.support.kafka_io import assert_exactly_once_in_order, consume_confluent, values
 from tests.support.load import BackgroundProducer, SequencedProducer
-from tests.support.ports import CLUSTER_ENV, CLUSTER_PROXY
+from tests.support.ports import CLUSTER_ENV, CLUSTER_PROXY, CLUSTER_SIDECARS
+from tests.support.proxy_api import admin_call
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
 
@@ -104,3 +105,64 @@ def test_leader_killed_under_load_explicit_identities_exactly_once(
         assert_exactly_once_in_order(values(info.bootstrap, topic), total)
     finally:
         assert proxy.stop() == 0
+
+
+def test_sidecar_placement_ownership_follows_the_leader_it_is_killed_exactly_once(
+    three_brokers: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
+) -> None:
+    """A sidecar beside each broker owns the partitions its broker leads. The leader dies
+    under load: its sidecar hands the partition over to the new leader's, writes go on,
+    every record once, in order."""
+    environment, info = three_brokers
+    topic, leader = replicated_topic(info)
+    prefix = f"sidecar-{uuid.uuid4().hex[:8]}"
+    sidecars = [
+        ProxyProcess(
+            upstream=info.bootstrap,
+            listen_port=ports.listen,
+            admin_port=ports.admin,
+            extra_args=["--broker-port-base", str(ports.broker_base)],
+            env={
+                "DEDUP_PROXY_METADATA_REFRESH_S": "1",
+                "DEDUP_PROXY_REDIS": info.redis,
+                "DEDUP_PROXY_REDIS_KEY_PREFIX": prefix,
+                "DEDUP_PROXY_INSTANCE_ID": f"{prefix}-{broker}",
+                "DEDUP_PROXY_PLACEMENT": "sidecar",
+                "DEDUP_PROXY_LOCAL_BROKER_ID": str(broker),
+                "DEDUP_PROXY_LEASE_TTL_S": "3",
+                "DEDUP_PROXY_HEARTBEAT_S": "0.5",
+            },
+            log_path=tmp_path / f"sidecar-{broker}.log",
+        ).start()
+        for broker, ports in enumerate(CLUSTER_SIDECARS)
+    ]
+
+    def holders() -> list[int]:
+        return [
+            broker
+            for broker, sidecar in enumerate(sidecars)
+            if f"{topic}/0" in admin_call(sidecar, "GET", "/v1/ownership")["held"]
+        ]
+
+    try:
+        total = 6000
+        other = (leader + 1) % 3  # the producer bootstraps from a sidecar that is not the owner
+        load = SequencedProducer(sidecars[other].bootstrap, topic, "p-sidecar", total).start()
+        load.wait_delivered(total // 4)
+        assert holders() == [leader], "the leader's sidecar owns the partition"
+        environment.kill_broker(leader)
+        load.wait_delivered(total // 2, timeout_s=120)  # continues through the new one
+        admin = AdminClient({"bootstrap.servers": info.bootstrap})
+
+        def current_leader() -> int:
+            return int(admin.list_topics(topic, timeout=30).topics[topic].partitions[0].leader)
+
+        wait_until(lambda: current_leader() not in (leader, -1), 60, "a new leader")
+        new_leader = current_leader()
+        wait_until(lambda: holders() == [new_leader], 30, "the new leader's sidecar owns it")
+        environment.start_broker(leader)
+        load.join()
+        assert_exactly_once_in_order(values(info.bootstrap, topic), total)
+    finally:
+        for sidecar in sidecars:
+            assert sidecar.stop() == 0

@@ -48,6 +48,11 @@ RELAY_BROKER_BASE = 28893
 # test_cluster: three brokers, and the proxy in front of them.
 CLUSTER_ENV = Ports(kafka_base=20092, redis=16479)
 CLUSTER_PROXY = ProxyPorts(listen=28492, admin=28480, broker_base=28493)
+# test_cluster: a sidecar instance beside each of the three brokers.
+CLUSTER_SIDECARS = [
+    ProxyPorts(listen=30092 + 100 * i, admin=30080 + 100 * i, broker_base=30093 + 100 * i)
+    for i in range(3)
+]
 
 # test_batches_interop: one broker and Redis.
 BATCHES_ENV = Ports(kafka_base=21092, redis=16779)
