@@ -204,6 +204,11 @@ class DedupState:
         self._redis = redis
         self._prefix = key_prefix
         self._max_producers = max_producers
+        # Per token this process loaded: the calls made with it that Redis answered. Redis
+        # must count at least as many (see `token_matches` in lua/seq.lua): a Redis that
+        # came back without writes it had acknowledged is found out.
+        self._calls: dict[str, int] = {}
+        self._tokens: dict[tuple[str, int], str] = {}  # the latest token per partition
 
     # -- the produce path -------------------------------------------------------------------
 
@@ -218,7 +223,7 @@ class DedupState:
         """
         calls: list[_Call] = []
         for check in checks:
-            args = [str(now_ms), str(self._max_producers), check.token or ""]
+            args = [str(now_ms), str(self._max_producers), self._guard(check.token)]
             if not check.chunks:  # no chunk in the batch: two arguments per record
                 args.append("2")
                 for producer, sequence in check.identities:
@@ -249,6 +254,7 @@ class DedupState:
             if _text(statuses) == "lost":
                 verdicts.append(PartitionVerdict((), (), lost=True))
                 continue
+            self._counted(check.token)
             if _text(statuses) in ("bad", "gap"):
                 number, message = rest
                 verdicts.append(
@@ -287,7 +293,7 @@ class DedupState:
         tokens = tokens or [None] * len(updates)
         calls: list[_Call] = []
         for (topic, partition, persisted), token in zip(updates, tokens, strict=True):
-            args = [str(now_ms), token or ""]
+            args = [str(now_ms), self._guard(token)]
             for producer, position in persisted.items():
                 if isinstance(position, ChunkProgress):
                     args += (
@@ -303,6 +309,9 @@ class DedupState:
                     args += (producer, _sequence(position), "", "", "", "", "")
             calls.append((_PERSIST, self._keys(topic, partition), args))
         replies = await self._run(calls, self._note_partitions((t, p) for t, p, _ in updates))
+        for token, done in zip(tokens, replies, strict=True):
+            if done:
+                self._counted(token)
         return [i for i, done in enumerate(replies) if not done]
 
     async def reset_pushed(self, topic: str, partition: int, token: str | None = None) -> bool:
@@ -313,7 +322,9 @@ class DedupState:
             topic, partition
         )
         keys = (pushed, persisted, token_key, pushed_chunk, persisted_chunk)
-        (done,) = await self._run([(_RESET, keys, [token or ""])])
+        (done,) = await self._run([(_RESET, keys, [self._guard(token)])])
+        if done:
+            self._counted(token)
         return bool(done)
 
     # -- reading ----------------------------------------------------------------------------
@@ -478,7 +489,7 @@ class DedupState:
         pipe.zrange(seen_key, 0, -1, withscores=True)
         pipe.hgetall(persisted_chunk_key)
         found, persisted_raw, seen_raw, chunks_raw = await pipe.execute()
-        if found is None or _text(found) != token:
+        if found is None or _text(found).split(" ")[0] != token:
             return None
         seen = {_text(p): int(ms) for p, ms in seen_raw}
         return RecoveredState(
@@ -510,9 +521,23 @@ class DedupState:
             )
         calls: list[_Call] = [(_LOAD, self._keys(topic, partition), args)]
         (loaded,) = await self._run(calls, self._note_partitions([(topic, partition)]))
+        if loaded and token:
+            previous = self._tokens.pop((topic, partition), None)
+            self._calls.pop(previous or "", None)
+            self._tokens[(topic, partition)], self._calls[token] = token, 0
         return bool(loaded)
 
     # -- plumbing ---------------------------------------------------------------------------
+
+    def _guard(self, token: str | None) -> str:
+        """What a script checks the partition's token against ("" = nothing)."""
+        if not token:
+            return ""
+        return f"{token} {self._calls.get(token, 0)}"
+
+    def _counted(self, token: str | None) -> None:
+        if token and token in self._calls:
+            self._calls[token] += 1
 
     def _keys(self, topic: str, partition: int) -> tuple[str, str, str, str, str, str, str]:
         """The partition's keys, one hash slot: the state's six, then its ownership lease

@@ -50,6 +50,6 @@ for i = 4, #ARGV, 4 do
     redis.call('ZADD', seen_key, seen[p], p)
 end
 if ARGV[2] ~= '' then
-    redis.call('SET', token_key, ARGV[2])
+    redis.call('SET', token_key, ARGV[2] .. ' 0') -- no call counted yet (seq.lua)
 end
 return 1

@@ -25,10 +25,26 @@ local function seq_cmp(a, b)
     return 0
 end
 
--- token_matches(key, token): "" accepts any state; otherwise the partition's token key must
--- hold exactly `token` (a flushed or replaced Redis has none, or another one).
-local function token_matches(key, token)
-    return token == '' or redis.call('GET', key) == token
+-- token_matches(key, guard): "" accepts any state. Otherwise guard is "<token> <calls>":
+-- the partition's token key must hold that token (a flushed or replaced Redis has none, or
+-- another one) and count at least <calls> calls: the calls made with this token whose
+-- success its owner has seen. Fewer means Redis lost writes it had acknowledged (a failover
+-- to a replica that lagged, an append-only file not yet synced). A match counts this call.
+local function token_matches(key, guard)
+    if guard == '' then
+        return true
+    end
+    local token, calls = string.match(guard, '^(%S+) (%d+)$')
+    local held = redis.call('GET', key)
+    if not token or not held then
+        return false
+    end
+    local held_token, held_calls = string.match(held, '^(%S+) (%d+)$')
+    if held_token ~= token or tonumber(held_calls) < tonumber(calls) then
+        return false
+    end
+    redis.call('SET', key, token .. ' ' .. string.format('%d', tonumber(held_calls) + 1))
+    return true
 end
 
 -- Chunked messages (dedup/chunks.py): a producer's message in progress is kept beside its

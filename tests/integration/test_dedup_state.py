@@ -374,6 +374,28 @@ async def test_the_recovery_token_detects_a_flushed_or_replaced_state(
     assert await state.producers("orders", 0) == {}, "a lost check writes nothing"
 
 
+async def test_a_redis_that_comes_back_without_its_latest_writes_is_found_out(
+    state: DedupState, client: redis.asyncio.Redis
+) -> None:
+    """A failover to a replica that lagged: the partition's keys go back to an earlier copy,
+    token included. The calls its owner saw succeed since are missing there: lost."""
+    await state.load_recovered("orders", 0, {"p": (4, 500)}, "token-1", now_ms=900)
+    keys = state.partition_keys("orders", 0)[:6]
+    earlier = {key: await client.dump(key) for key in keys}
+    checked = await state.check_and_push(
+        [PartitionCheck("orders", 0, [("p", 5)], "token-1")], 1_000
+    )
+    assert checked[0].statuses == (NOT_DUP,)
+    assert await state.mark_persisted([("orders", 0, {"p": 5})], 1_000, ["token-1"]) == []
+    for key, dumped in earlier.items():  # the lagging replica's copy
+        await client.delete(key)
+        if dumped is not None:
+            await client.restore(key, 0, dumped)
+    resent = await state.check_and_push([PartitionCheck("orders", 0, [("p", 5)], "token-1")], 1_000)
+    assert resent[0].lost, "without the check, the acknowledged 5 would be written again"
+    assert await state.mark_persisted([("orders", 0, {"p": 6})], 1_000, ["token-1"]) == [0]
+
+
 async def test_load_recovered_keeps_the_later_last_seen_time(state: DedupState) -> None:
     await check(state, [("p", 1), ("q", 1)], now_ms=700)
     await state.load_recovered("orders", 0, {"p": (3, 500), "q": (2, 800)}, "t", now_ms=900)
