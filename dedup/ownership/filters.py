@@ -18,6 +18,7 @@ from kio.schema.types import BrokerId
 from kio.static.primitive import i32
 from kio.static.protocol import ResponsePayload
 
+from dedup.ownership.nodes import NodeMap
 from dedup.ownership.owner import Ownership
 from dedup.policies import Mode, PolicyStore
 from proxy.kafka.api_keys import ApiKey
@@ -67,21 +68,7 @@ class OwnedMetadataFilter(_NodesFilter):
     async def _rewrite(self, version: int, response: Any) -> Any:
         nodes = self._ownership.nodes()
         policies = await self._policies.snapshot()
-        racks = {int(b.node_id): b.rack for b in response.brokers}
-        brokers = (
-            tuple(
-                replace(
-                    response.brokers[0],
-                    node_id=BrokerId(node.node_id),
-                    host=node.endpoint.host,
-                    port=i32(node.endpoint.port),
-                    rack=racks.get(nodes.broker_of(node.node_id)),
-                )
-                for node in nodes.all(racks)
-            )
-            if response.brokers
-            else ()
-        )
+        brokers = _every_node(nodes, response.brokers, "node_id")
         topics = []
         for topic in response.topics:
             name = None if topic.name is None else str(topic.name)
@@ -118,21 +105,7 @@ class OwnedDescribeClusterFilter(_NodesFilter):
         if getattr(response, "endpoint_type", BROKER_ENDPOINT_TYPE) != BROKER_ENDPOINT_TYPE:
             return response
         nodes = self._ownership.nodes()
-        racks = {int(b.broker_id): b.rack for b in response.brokers}
-        brokers = (
-            tuple(
-                replace(
-                    response.brokers[0],
-                    broker_id=BrokerId(node.node_id),
-                    host=node.endpoint.host,
-                    port=i32(node.endpoint.port),
-                    rack=racks.get(nodes.broker_of(node.node_id)),
-                )
-                for node in nodes.all(racks)
-            )
-            if response.brokers
-            else ()
-        )
+        brokers = _every_node(nodes, response.brokers, "broker_id")
         return replace(
             response,
             brokers=brokers,
@@ -200,6 +173,24 @@ class OwnedLeaderHintsFilter(_NodesFilter):
             responses=tuple(topics),
             node_endpoints=tuple(self._broker(e, int(e.node_id)) for e in endpoints),
         )
+
+
+def _every_node(nodes: NodeMap, brokers: Any, id_field: str) -> tuple[Any, ...]:
+    """The broker list of a response as every member's nodes for those brokers (each keeps
+    its broker's rack)."""
+    if not brokers:
+        return ()
+    racks = {int(getattr(b, id_field)): b.rack for b in brokers}
+    return tuple(
+        replace(
+            brokers[0],
+            **{id_field: BrokerId(node.node_id)},
+            host=node.endpoint.host,
+            port=i32(node.endpoint.port),
+            rack=racks.get(nodes.broker_of(node.node_id)),
+        )
+        for node in nodes.all(racks)
+    )
 
 
 def ownership_filters(ownership: Ownership, policies: PolicyStore) -> list[object]:

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import uuid
 from collections import Counter
+from typing import Any
 
+import kio.schema.metadata.v12.response as metadata_v12
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
+from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import i32, i32Timedelta
 
-from dedup.ownership.members import Member
+from dedup.ownership.filters import OwnedMetadataFilter
+from dedup.ownership.members import Member, Membership
 from dedup.ownership.nodes import NodeMap
+from dedup.ownership.owner import Ownership
 from dedup.ownership.placement import broker_owner, partition_owner, rendezvous
+from dedup.policies import Mode, PolicySnapshot
 from proxy.kafka.topology import Endpoint
 
 
@@ -97,3 +108,96 @@ def test_a_broker_id_beyond_the_stride_is_refused_clearly() -> None:
 def test_member_entries_round_trip() -> None:
     s = member("s1", 4, broker=2)
     assert Member.parse("s1", f"inc 4 {s.info()}") == s
+
+
+# ----------------------------------------------------------------------------- the filters
+
+
+class _Policies:
+    def __init__(self, snapshot: PolicySnapshot) -> None:
+        self._snapshot = snapshot
+
+    async def snapshot(self) -> PolicySnapshot:
+        return self._snapshot
+
+
+class _Prefix:
+    key_prefix = "test"
+
+
+def ownership_of(me: Member, members: list[Member]) -> Ownership:
+    owner = Ownership(
+        Membership(_Prefix(), me, 6.0),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        placement="balanced",
+        node_id_stride=1000,
+        heartbeat_s=1.0,
+        ttl_s=6.0,
+        leader_lookup=lambda topic, partition: asyncio.sleep(0, None),
+    )
+    owner.members = members
+    return owner
+
+
+def metadata_response(topics: dict[str, int]) -> metadata_v12.MetadataResponse:
+    """Brokers 0 and 1 (addresses already this instance's), every partition led by 1."""
+    return metadata_v12.MetadataResponse(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        brokers=tuple(
+            metadata_v12.MetadataResponseBroker(
+                node_id=BrokerId(b), host="me", port=i32(9100 + b), rack=None
+            )
+            for b in (0, 1)
+        ),
+        cluster_id="c",
+        controller_id=BrokerId(0),
+        topics=tuple(
+            metadata_v12.MetadataResponseTopic(
+                error_code=ErrorCode.none,
+                name=TopicName(name),
+                topic_id=uuid.uuid4(),
+                is_internal=False,
+                partitions=tuple(
+                    metadata_v12.MetadataResponsePartition(
+                        error_code=ErrorCode.none,
+                        partition_index=i32(p),
+                        leader_id=BrokerId(1),
+                        leader_epoch=i32(4),
+                        replica_nodes=(BrokerId(0), BrokerId(1)),
+                        isr_nodes=(BrokerId(0), BrokerId(1)),
+                        offline_replicas=(),
+                    )
+                    for p in range(count)
+                ),
+                topic_authorized_operations=i32(-2147483648),
+            )
+            for name, count in topics.items()
+        ),
+    )
+
+
+async def test_metadata_names_each_dedup_partitions_owner_and_this_instance_for_the_rest() -> None:
+    owner = ownership_of(A, [A, B])
+    policies = PolicySnapshot(Mode.ENABLED, topics={"plain": Mode.DISABLED})
+    filter_ = OwnedMetadataFilter(owner, _Policies(policies))  # type: ignore[arg-type]
+    response: Any = await filter_.on_response(
+        12,
+        metadata_response({"orders": 16, "plain": 4}),
+        None,  # type: ignore[arg-type]
+    )
+    assert [(int(b.node_id), b.host, int(b.port)) for b in response.brokers] == [
+        (1000, "a-host", 9100),
+        (1001, "a-host", 9101),
+        (2000, "b-host", 9100),
+        (2001, "b-host", 9101),
+    ]
+    assert int(response.controller_id) == 1000
+    orders, plain = response.topics
+    leaders = {int(p.leader_id) for p in orders.partitions}
+    assert leaders == {1001, 2001}, "the owner's node for broker 1, both owners in use"
+    for p in orders.partitions:
+        expected = owner.owner_of(("orders", int(p.partition_index)))
+        assert expected is not None and int(p.leader_id) == expected.slot * 1000 + 1
+        assert [int(n) for n in p.replica_nodes] == [1000, 1001], "replicas: this instance"
+    assert {int(p.leader_id) for p in plain.partitions} == {1001}, "no dedup: any instance"
+    assert owner.leader(("orders", 3)) == (1, 4), "leaders are learned from metadata"
