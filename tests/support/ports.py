@@ -34,6 +34,13 @@ CHUNKS = ProxyPorts(listen=29192, admin=29180, broker_base=29193)  # test_chunks
 # test_pass_through: a proxy assembled without dedup.
 PASS_THROUGH_ONLY = ProxyPorts(listen=29392, admin=29380, broker_base=29393)
 
+# test_workers: `serve --workers 2`; worker i serves admin + i and brokers at
+# broker_base + 100 * i (27293, 27393).
+WORKERS = ProxyPorts(listen=27292, admin=27280, broker_base=27293)
+# test_local_proxies: `local up --proxies 2` on the session's environment; proxy i (1, 2)
+# listens on LOCAL_PROXY_BASE + 100 * (i - 1), admin 12 below, brokers from listen + 1.
+LOCAL_PROXY_BASE = 30092
+
 # The relay that cuts connections (test_dedup): clients reach RELAYED only through it.
 RELAY_BOOTSTRAP = 28892
 RELAY_BROKER_BASE = 28893
