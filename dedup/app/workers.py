@@ -13,7 +13,8 @@ settings, except for what must differ between them:
 
 The supervisor forwards SIGTERM and SIGINT to the workers and waits for their drain,
 restarts a worker that dies (with back-off), and gives up, with a non-zero exit, when a
-worker cannot start at all. Workers get SIGTERM when the supervisor dies (Linux), so a
+worker cannot start at all (it exits with an error before its admin API ever answered: a
+port in use, say). Workers get SIGTERM when the supervisor dies (Linux), so a
 killed supervisor leaves no worker holding its ports.
 """
 
@@ -282,7 +283,10 @@ class Supervisor:
                         worker.serving = worker.ever_served = True
                         log.info("worker serving", worker=worker.spec.index, pid=process.pid)
                     continue
-                if not worker.ever_served:
+                if not worker.ever_served and code > 0:
+                    # It exited by itself before it ever served (a port in use, a bad
+                    # setting): starting it again would fail the same way. One killed by a
+                    # signal is restarted like any other.
                     log.error(
                         "worker could not start",
                         worker=worker.spec.index,
