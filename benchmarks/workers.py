@@ -5,14 +5,15 @@
 One dedup proxy per W runs for the whole benchmark (`deploy/launcher.py`: `python -m dedup
 serve --workers W`, every worker on the shared bootstrap port, broker ports 10 apart). Per
 round, the same workload (P producer processes, one partition each, identity headers on
-every record, the producer settings of `benchmarks.passthrough`) goes through each proxy
-in turn: W=1, W=2, W=4, W=1, ... so machine noise hits all alike; the summary is the median
-per W and its ratio to the first W. Producers connect through the bootstrap port, so the
-kernel spreads them over the workers (SO_REUSEPORT): per measurement the benchmark records
-how many Produce requests each worker took, and the workers' CPU seconds. The topic's end
-offsets must grow by exactly the records sent. Results go to --out: workers.csv,
-workers.png, meta.json and the proxies' logs. The exit code is 0 whatever the figures; it
-is non-zero only when the benchmark itself could not run.
+every record, the producer settings of `benchmarks.passthrough`, a fresh topic each time)
+goes through each proxy in turn: W=1, W=2, W=4, W=1, ... so machine noise hits all alike;
+the summary is the median per W and its ratio to the first W. Producers connect through
+the bootstrap port, so the kernel spreads them over the workers (SO_REUSEPORT): per
+measurement the benchmark records how many Produce requests each worker took, and the
+workers' CPU seconds. The topic's end offsets must grow by exactly the records sent (plus
+one fence marker per partition recovery). Results go to --out: workers.csv, workers.png,
+meta.json and the proxies' logs. The exit code is 0 whatever the figures; it is non-zero
+only when the benchmark itself could not run.
 """
 
 from __future__ import annotations
@@ -206,14 +207,21 @@ def run(settings: Settings, say: Any, rows: list[Row], meta: dict[str, Any]) -> 
             listen, admin, broker_base = proxy.ports
             start_proxy(proxy.process, [listen, admin, broker_base], say)
             say(f"proxy with {proxy.workers} worker(s) up: pids {proxy.worker_pids()}")
-        topic = topics.create(case.slug, case.partitions)
+        # A fresh topic per measurement: a partition is only ever written through one
+        # worker of one proxy (several proxies with their own Redis prefixes, or workers
+        # taking a partition over from each other, would be measuring recoveries).
         warm = Case(case.record_bytes, case.producers, max(case.total_bytes // 5, MB))
         for proxy in proxies:  # unrecorded: warms Kafka, each worker's path and Redis
-            measure(pool, topics, topic, warm, proxy, f"bench-{run_id}-warm-w{proxy.workers}")
+            slug = f"warm-w{proxy.workers}"
+            topic = topics.create(slug, case.partitions)
+            measure(pool, topics, topic, warm, proxy, f"bench-{run_id}-{slug}")
+            topics.delete(topic)
         for round_index in range(1, settings.rounds + 1):
             for proxy in proxies:
                 name = f"bench-{run_id}-w{proxy.workers}-r{round_index}"
+                topic = topics.create(f"w{proxy.workers}-r{round_index}", case.partitions)
                 row = measure(pool, topics, topic, case, proxy, name)
+                topics.delete(topic)
                 row.round = str(round_index)
                 rows.append(row)
                 sent = row.records + row.warmup_records
