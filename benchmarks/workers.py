@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["summary"] = [asdict(r) for r in summary]
     write_csv(settings.out / "workers.csv", rows + summary)
     title = (
-        f"Dedup throughput through serve --workers W ({settings.producers} producers x "
+        f"Dedup throughput through serve --workers W\n({settings.producers} producers x "
         f"{settings.record_bytes} B records, {os.cpu_count()} CPUs, {settings.rounds} rounds, "
         f"{meta['started']})"
     )
