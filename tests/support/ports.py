@@ -38,9 +38,9 @@ PASS_THROUGH_ONLY = ProxyPorts(listen=29392, admin=29380, broker_base=29393)
 # broker_base + 100 * i (27293, 27393).
 WORKERS = ProxyPorts(listen=27292, admin=27280, broker_base=27293)
 # test_local_proxies: `local up --proxies 2` in an environment of its own (LOCAL_PROXIES_ENV
-# below); proxy i (1, 2) listens on 30092 + 100 * (i - 1), admin 12 below, brokers from
+# below); proxy i (1, 2) listens on 23492 + 100 * (i - 1), admin 12 below, brokers from
 # listen + 1.
-LOCAL_PROXY_BASE = 30092
+LOCAL_PROXY_BASE = 23492
 
 # The relay that cuts connections (test_dedup): clients reach RELAYED only through it.
 RELAY_BOOTSTRAP = 28892
