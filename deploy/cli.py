@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from deploy.config import MAX_PROXIES
 from deploy.local import EnvInfo, LocalEnvError, LocalEnvironment
 from deploy.paths import MissingRuntimeError
 from deploy.spark_cluster import MAX_WORKERS, ClusterShape, SparkCluster, SparkClusterError
@@ -34,6 +35,11 @@ err = Console(stderr=True)
 class BrokerCount(StrEnum):
     one = "1"
     three = "3"
+
+
+class Placement(StrEnum):
+    balanced = "balanced"
+    sidecar = "sidecar"
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
@@ -61,6 +67,12 @@ def _print_info(info: EnvInfo, seconds: float | None = None) -> None:
     for node, address in sorted(info.brokers.items()):
         out.print(f"  node {node}     {address}", highlight=False)
     out.print(f"  redis      {info.redis}", highlight=False)
+    for proxy in info.proxies:
+        out.print(
+            f"  {proxy.instance_id:<10} bootstrap {proxy.bootstrap}  admin "
+            f"{', '.join(proxy.admins)}",
+            highlight=False,
+        )
 
 
 @local_app.command()
@@ -68,14 +80,38 @@ def up(
     brokers: Annotated[
         BrokerCount, typer.Option("--brokers", help="Kafka nodes (a new count recreates).")
     ] = BrokerCount.one,
+    proxies: Annotated[
+        int | None,
+        typer.Option(
+            help="Also run N proxies (proxy-1..N) in front of them; 0 stops them "
+            "(default: as recorded).",
+            min=0,
+            max=MAX_PROXIES,
+        ),
+    ] = None,
+    placement: Annotated[
+        Placement | None,
+        typer.Option(help="The proxies' placement; sidecar: one proxy per broker."),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="Worker processes per proxy (serve --workers).", min=1),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Start Kafka and Redis (only what is not running) and wait until they answer."""
+    """Start Kafka and Redis (only what is not running) and wait until they answer; with
+    --proxies, also proxies in front of them, until each is healthy."""
     if not json_output:
-        err.print(f"starting {brokers.value} Kafka node(s) and Redis ...")
+        what = f" and {proxies} proxies" if proxies else ""
+        err.print(f"starting {brokers.value} Kafka node(s), Redis{what} ...")
     started = time.monotonic()
     try:
-        info = _env().up(brokers=int(brokers.value))
+        info = _env().up(
+            brokers=int(brokers.value),
+            proxies=proxies,
+            placement=None if placement is None else placement.value,
+            workers=workers,
+        )
     except (LocalEnvError, MissingRuntimeError) as exc:
         raise _fail(exc) from exc
     if json_output:
@@ -88,7 +124,7 @@ def up(
 def down(
     purge: Annotated[bool, typer.Option("--purge", help="Also delete all local data.")] = False,
 ) -> None:
-    """Stop Kafka and Redis."""
+    """Stop the proxies, Kafka and Redis."""
     _env().down(purge=purge)
     out.print("local environment down" + (" and purged" if purge else ""))
 
@@ -111,6 +147,11 @@ def status(json_output: JsonFlag = False) -> None:
         table.add_row(f"kafka node {node}", proc["address"], _pid(proc), _state(proc))
     redis_proc = data["redis_process"]
     table.add_row("redis", data["redis"], _pid(redis_proc), _state(redis_proc))
+    for proc in data["proxy_processes"].values():
+        address = f"{proc['bootstrap']} (admin {proc['admin']})"
+        if proc["workers"] > 1:
+            address += f", {proc['workers']} workers"
+        table.add_row(proc["instance_id"], address, _pid(proc), _state(proc))
     out.print(table)
     out.print(
         f"bootstrap {data['bootstrap']}  cluster {data['cluster_id']}",
@@ -148,6 +189,29 @@ def start_broker(node_id: NodeId) -> None:
     except (LocalEnvError, MissingRuntimeError) as exc:
         raise _fail(exc) from exc
     out.print(f"kafka node {node_id} up")
+
+
+ProxyIndex = Annotated[int, typer.Argument(help="proxy number (1..proxies).", min=1)]
+
+
+@local_app.command("kill-proxy")
+def kill_proxy(index: ProxyIndex) -> None:
+    """SIGKILL one proxy (with its workers)."""
+    try:
+        killed = _env().kill_proxy(index)
+    except LocalEnvError as exc:
+        raise _fail(exc) from exc
+    out.print(f"proxy-{index} " + ("killed" if killed else "was not running"))
+
+
+@local_app.command("start-proxy")
+def start_proxy(index: ProxyIndex) -> None:
+    """Start one proxy and wait until it is healthy."""
+    try:
+        proxy = _env().start_proxy(index)
+    except (LocalEnvError, MissingRuntimeError) as exc:
+        raise _fail(exc) from exc
+    out.print(f"{proxy.instance_id} up: bootstrap {proxy.bootstrap}, admin {proxy.admin}")
 
 
 @local_app.command("kill-redis")

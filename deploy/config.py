@@ -4,6 +4,7 @@ redis.conf, JVM flags. Nothing here touches the file system or starts a process.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import uuid
 from collections.abc import Mapping
@@ -19,6 +20,18 @@ CONTROLLER_PORT_OFFSET = 100
 # them) replicate over a listener of their own, this far above the client listeners.
 INTER_BROKER_PORT_OFFSET = 50
 MAX_BROKERS = 3
+# Proxies of `up --proxies N`: proxy i (1-based) owns the block of PROXY_PORT_BLOCK ports from
+# proxy_base - PROXY_ADMIN_BELOW + PROXY_PORT_BLOCK * (i - 1): its admin ports at the start
+# (one per worker), its bootstrap port PROXY_ADMIN_BELOW above, then its broker listeners,
+# LOCAL_WORKER_PORT_STRIDE apart per worker. With the defaults proxy 1 is the product's
+# defaults: bootstrap 29092, brokers 29093+, admin 29080.
+DEFAULT_PROXY_PORT = 29092
+PROXY_PORT_BLOCK = 100
+PROXY_ADMIN_BELOW = 12
+LOCAL_WORKER_PORT_STRIDE = 10
+MAX_LOCAL_WORKERS = 8  # admin ports and broker ports of 8 workers fit one block
+MAX_PROXIES = 16
+PLACEMENTS = ("balanced", "sidecar")
 SUPPORTED_BROKER_COUNTS = (1, MAX_BROKERS)
 
 # Small heaps: up to three nodes plus the proxy and tests share a 2-core machine.
@@ -49,6 +62,8 @@ class Ports:
     kafka_base: int = DEFAULT_KAFKA_PORT_BASE
     redis: int = DEFAULT_REDIS_PORT
     advertised_kafka_base: int | None = None
+    # The bootstrap port of the first proxy `up --proxies N` starts (see plan_proxies).
+    proxy_base: int = DEFAULT_PROXY_PORT
 
     def __post_init__(self) -> None:
         if not self.advertises_elsewhere:
@@ -68,6 +83,7 @@ class Ports:
             kafka_base=_port(env, "DEDUP_LOCAL_KAFKA_PORT", DEFAULT_KAFKA_PORT_BASE),
             redis=_port(env, "DEDUP_LOCAL_REDIS_PORT", DEFAULT_REDIS_PORT),
             advertised_kafka_base=_optional_port(env, "DEDUP_LOCAL_KAFKA_ADVERTISED_PORT"),
+            proxy_base=_port(env, "DEDUP_LOCAL_PROXY_PORT", DEFAULT_PROXY_PORT),
         )
 
     @property
@@ -122,6 +138,124 @@ def _optional_port(env: Mapping[str, str], name: str) -> int | None:
             f"{name}={port} is outside 1024..{65535 - CONTROLLER_PORT_OFFSET - MAX_BROKERS}"
         )
     return port
+
+
+@dataclass(frozen=True)
+class ProxyInstance:
+    """One proxy of the local environment (index from 1), as `plan_proxies` lays it out."""
+
+    index: int
+    instance_id: str
+    listen: int
+    admin: int
+    broker_base: int
+    workers: int
+    placement: str
+    local_broker_id: int | None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.listen}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{HOST}:{self.admin}"
+
+    @property
+    def admin_urls(self) -> list[str]:
+        """One per worker (worker w serves admin + w)."""
+        return [f"http://{HOST}:{self.admin + w}" for w in range(self.workers)]
+
+    def ports(self) -> list[int]:
+        """Every port it may listen on, for nodes 0..MAX_BROKERS-1."""
+        admins = [self.admin + w for w in range(self.workers)]
+        brokers = [
+            self.broker_base + w * LOCAL_WORKER_PORT_STRIDE + node
+            for w in range(self.workers)
+            for node in range(MAX_BROKERS)
+        ]
+        return [*admins, self.listen, *brokers]
+
+    def settings(self, upstream: str, redis_url: str) -> dict[str, object]:
+        """The proxy's settings (its TOML file)."""
+        values: dict[str, object] = {
+            "upstream": upstream.split(","),
+            "listen": self.bootstrap,
+            "admin": f"{HOST}:{self.admin}",
+            "broker_port_base": self.broker_base,
+            "redis": redis_url,
+            "instance_id": self.instance_id,
+            "placement": self.placement,
+            "workers": self.workers,
+            "worker_port_stride": LOCAL_WORKER_PORT_STRIDE,
+        }
+        if self.local_broker_id is not None:
+            values["local_broker_id"] = self.local_broker_id
+        return values
+
+
+def plan_proxies(
+    count: int, ports: Ports, brokers: int, placement: str = "balanced", workers: int = 1
+) -> list[ProxyInstance]:
+    """The proxies `up --proxies count` runs: ids proxy-1..N, ports by PROXY_PORT_BLOCK;
+    with placement sidecar, proxy i stands beside node i-1 (so one proxy per broker)."""
+    if not 0 <= count <= MAX_PROXIES:
+        raise ValueError(f"proxies must be in 0..{MAX_PROXIES}, not {count}")
+    if not 1 <= workers <= MAX_LOCAL_WORKERS:
+        raise ValueError(f"workers must be in 1..{MAX_LOCAL_WORKERS}, not {workers}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
+    if placement == "sidecar" and count and count != brokers:
+        raise ValueError(
+            f"placement sidecar puts one proxy beside each broker: {brokers} broker(s) need "
+            f"--proxies {brokers}, not {count}"
+        )
+    plan = [
+        ProxyInstance(
+            index=i,
+            instance_id=f"proxy-{i}",
+            listen=ports.proxy_base + PROXY_PORT_BLOCK * (i - 1),
+            admin=ports.proxy_base - PROXY_ADMIN_BELOW + PROXY_PORT_BLOCK * (i - 1),
+            broker_base=ports.proxy_base + 1 + PROXY_PORT_BLOCK * (i - 1),
+            workers=workers,
+            placement=placement,
+            local_broker_id=i - 1 if placement == "sidecar" else None,
+        )
+        for i in range(1, count + 1)
+    ]
+    used = [p for proxy in plan for p in proxy.ports()]
+    if used and not (min(used) >= 1024 and max(used) <= 65535):
+        raise ValueError(
+            f"{count} proxies from port {ports.proxy_base} need ports {min(used)}..{max(used)}: "
+            f"set DEDUP_LOCAL_PROXY_PORT lower"
+        )
+    others = {port for n in range(MAX_BROKERS) for port in ports.node_ports(n)}
+    others |= {ports.advertised(n) for n in range(MAX_BROKERS)} | {ports.redis}
+    clash = sorted(others & set(used))
+    if clash:
+        raise ValueError(
+            f"proxy ports {clash} are Kafka's or Redis' ports: set DEDUP_LOCAL_PROXY_PORT "
+            f"(now {ports.proxy_base}) elsewhere"
+        )
+    return plan
+
+
+def render_toml(values: Mapping[str, object], header: str = "") -> str:
+    """A flat TOML table of strings, integers, booleans and lists of strings."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    for key, value in values.items():
+        lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
 def check_broker_count(brokers: int) -> None:

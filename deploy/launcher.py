@@ -42,6 +42,8 @@ class ProxyProcess:
     log_path: Path | None = None
     # A test run or demo that is itself killed must not leave a proxy holding its ports.
     die_with_parent: bool = True
+    # `serve --workers N`: worker i serves the admin API on admin_port + i.
+    workers: int = 1
     _process: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
 
@@ -58,6 +60,13 @@ class ProxyProcess:
         assert self._process is not None
         return self._process.pid
 
+    def worker_admin_urls(self) -> list[str]:
+        return [f"http://{self.host}:{self.admin_port + i}" for i in range(self.workers)]
+
+    def worker_pids(self) -> list[int | None]:
+        """The pid serving each worker's admin port (None: not answering)."""
+        return [_health_pid(_health(url)) for url in self.worker_admin_urls()]
+
     def command(self) -> list[str]:
         return [
             sys.executable,
@@ -70,6 +79,7 @@ class ProxyProcess:
             f"{self.host}:{self.listen_port}",
             "--admin",
             f"{self.host}:{self.admin_port}",
+            *(["--workers", str(self.workers)] if self.workers > 1 else []),
             *self.extra_args,
         ]
 
@@ -87,12 +97,9 @@ class ProxyProcess:
         return self
 
     def health(self) -> dict[str, Any] | None:
-        try:
-            with urllib.request.urlopen(f"{self.admin_url}/healthz", timeout=2) as answer:
-                body: dict[str, Any] = json.load(answer)
-                return body
-        except (urllib.error.URLError, OSError, ValueError):
-            return None
+        """The /healthz answer while healthy (200), else None."""
+        health = _health(self.admin_url)
+        return health if health is not None and health.get("status") == "ok" else None
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=5) as answer:
@@ -100,22 +107,30 @@ class ProxyProcess:
             return text
 
     def wait_healthy(self, timeout_s: float) -> None:
+        """Until the proxy (every worker, with several) reports itself healthy."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
                 raise RuntimeError(
                     f"proxy exited with code {self._process.returncode}; log: {self.log_path}"
                 )
-            health = self.health()
-            if health is not None and health.get("pid") != self.pid:
-                raise RuntimeError(
-                    f"another process (pid {health.get('pid')}) serves {self.admin_url}; "
-                    f"log: {self.log_path}"
-                )
-            if health is not None and health.get("status") == "ok":
+            if all(self._healthy(url) for url in self.worker_admin_urls()):
                 return
             time.sleep(0.2)
         raise TimeoutError(f"proxy not healthy after {timeout_s}s; log: {self.log_path}")
+
+    def _healthy(self, admin_url: str) -> bool:
+        health = _health(admin_url)
+        if health is None:
+            return False
+        pid = _health_pid(health)
+        # A worker of `serve --workers` is a child of the process started here.
+        ours = pid == self.pid if self.workers == 1 else _parent_pid(pid) == self.pid
+        if not ours:
+            raise RuntimeError(
+                f"another process (pid {pid}) serves {admin_url}; log: {self.log_path}"
+            )
+        return health.get("status") == "ok"
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM (graceful: drains in-flight requests) and wait; returns the exit code."""
@@ -149,3 +164,34 @@ class ProxyProcess:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _health(admin_url: str) -> dict[str, Any] | None:
+    """The /healthz answer, healthy (200) or not (503); None if nothing answers."""
+    try:
+        with urllib.request.urlopen(f"{admin_url}/healthz", timeout=2) as answer:
+            body: dict[str, Any] = json.load(answer)
+            return body
+    except urllib.error.HTTPError as exc:  # 503: serving, but not healthy (yet)
+        try:
+            unhealthy: dict[str, Any] = json.loads(exc.read())
+            return unhealthy
+        except ValueError:
+            return None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _health_pid(health: dict[str, Any] | None) -> int | None:
+    pid = None if health is None else health.get("pid")
+    return pid if isinstance(pid, int) else None
+
+
+def _parent_pid(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])

@@ -7,6 +7,8 @@ Everything lives under the state home (`$DEDUP_LOCAL_HOME`, else
     state.json                   broker count, cluster id, ports
     kafka/node-<id>/             server.properties, data/, logs/server.log, process.log, kafka.pid
     redis/                       redis.conf, data/ (AOF), redis.log, process.log, redis.pid
+    proxies/proxy-<i>/           proxy.toml, process.log (its JSON log lines), proxy.pid
+                                 (`up --proxies N`: dedup-proxy instances proxy-1..N)
 
 The data is disposable: asking for a different cluster shape recreates the cluster.
 
@@ -22,9 +24,14 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +40,7 @@ import redis
 from confluent_kafka.admin import AdminClient
 
 from deploy import config, paths
-from deploy.config import HOST, Ports
+from deploy.config import DEFAULT_PROXY_PORT, HOST, Ports, ProxyInstance
 from deploy.processes import (
     ManagedProcess,
     home_lock,
@@ -46,6 +53,7 @@ from deploy.processes import (
 STATE_VERSION = 1
 DEFAULT_START_TIMEOUT = 180.0
 STOP_TIMEOUT = 30.0
+PROXY_START_TIMEOUT = 60.0
 
 
 class LocalEnvError(RuntimeError):
@@ -66,20 +74,56 @@ def java_tool_command(main_class: str, *args: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class ProxyInfo:
+    """How to reach one proxy of the environment."""
+
+    instance_id: str
+    bootstrap: str
+    admin: str  # admin URL (of its first worker)
+    admins: tuple[str, ...]  # one admin URL per worker
+
+    @classmethod
+    def of(cls, proxy: ProxyInstance) -> ProxyInfo:
+        return cls(proxy.instance_id, proxy.bootstrap, proxy.admin_url, tuple(proxy.admin_urls))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "bootstrap": self.bootstrap,
+            "admin": self.admin,
+            "admins": list(self.admins),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProxyInfo:
+        return cls(
+            instance_id=str(data["instance_id"]),
+            bootstrap=str(data["bootstrap"]),
+            admin=str(data["admin"]),
+            admins=tuple(str(url) for url in data.get("admins") or [data["admin"]]),
+        )
+
+
+@dataclass(frozen=True)
 class EnvInfo:
     """How to reach the running environment."""
 
     bootstrap: str
     brokers: dict[int, str]
     redis: str
+    proxies: tuple[ProxyInfo, ...] = ()  # `up --proxies N`: proxy-1..N in order
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict: {"bootstrap", "brokers" (node id as a string), "redis"}."""
-        return {
+        """A JSON-ready dict: {"bootstrap", "brokers" (node id as a string), "redis"}, and
+        "proxies" (a list of {"instance_id", "bootstrap", "admin", "admins"}) when any run."""
+        data: dict[str, Any] = {
             "bootstrap": self.bootstrap,
             "brokers": {str(node): address for node, address in sorted(self.brokers.items())},
             "redis": self.redis,
         }
+        if self.proxies:
+            data["proxies"] = [proxy.to_json() for proxy in self.proxies]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EnvInfo:
@@ -87,6 +131,7 @@ class EnvInfo:
             bootstrap=str(data["bootstrap"]),
             brokers={int(node): str(addr) for node, addr in dict(data["brokers"]).items()},
             redis=str(data["redis"]),
+            proxies=tuple(ProxyInfo.from_json(p) for p in data.get("proxies") or []),
         )
 
 
@@ -99,6 +144,11 @@ class _State:
     kafka_version: str = paths.KAFKA_VERSION
     # None: the brokers advertise the ports they listen on.
     kafka_advertised_port_base: int | None = None
+    # `up --proxies N --placement P --workers W`; the bootstrap port of proxy-1.
+    proxies: int = 0
+    proxy_placement: str = "balanced"
+    proxy_workers: int = 1
+    proxy_port_base: int = DEFAULT_PROXY_PORT
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +159,10 @@ class _State:
             "kafka_advertised_port_base": self.kafka_advertised_port_base,
             "redis_port": self.redis_port,
             "kafka_version": self.kafka_version,
+            "proxies": self.proxies,
+            "proxy_placement": self.proxy_placement,
+            "proxy_workers": self.proxy_workers,
+            "proxy_port_base": self.proxy_port_base,
         }
 
     @classmethod
@@ -122,6 +176,11 @@ class _State:
             redis_port=int(data["redis_port"]),
             kafka_version=str(data["kafka_version"]),
             kafka_advertised_port_base=None if advertised is None else int(advertised),
+            # Absent from states written before the environment ran proxies.
+            proxies=int(data.get("proxies", 0)),
+            proxy_placement=str(data.get("proxy_placement", "balanced")),
+            proxy_workers=int(data.get("proxy_workers", 1)),
+            proxy_port_base=int(data.get("proxy_port_base", DEFAULT_PROXY_PORT)),
         )
 
 
@@ -172,6 +231,25 @@ class LocalEnvironment:
             marker=str(self.redis_dir / "redis.conf"),
         )
 
+    def proxy_dir(self, index: int) -> Path:
+        return self.home / "proxies" / f"proxy-{index}"
+
+    def _proxy_process(self, index: int) -> ManagedProcess:
+        proxy = self.proxy_dir(index)
+        return ManagedProcess(
+            name=f"proxy-{index}",
+            pid_file=proxy / "proxy.pid",
+            log_file=proxy / "process.log",
+            marker=str(proxy / "proxy.toml"),
+        )
+
+    def _recorded_proxy_indexes(self) -> list[int]:
+        indexes: list[int] = []
+        for proxy in (self.home / "proxies").glob("proxy-*"):
+            with contextlib.suppress(ValueError):
+                indexes.append(int(proxy.name.removeprefix("proxy-")))
+        return sorted(indexes)
+
     # --- state --------------------------------------------------------------------------
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
@@ -217,6 +295,7 @@ class LocalEnvironment:
             bootstrap=",".join(brokers.values()),
             brokers=brokers,
             redis=f"redis://{HOST}:{state.redis_port}/0",
+            proxies=tuple(ProxyInfo.of(proxy) for proxy in _proxy_plan(state)),
         )
 
     def info(self) -> EnvInfo:
@@ -254,18 +333,51 @@ class LocalEnvironment:
             "listening": redis_pid is not None and port_open(HOST, state.redis_port),
             "log": str(self.redis_dir / "redis.log"),
         }
+        proxies: dict[str, Any] = {}
+        for proxy in _proxy_plan(state):
+            pid = self._proxy_process(proxy.index).running_pid()
+            proxies[str(proxy.index)] = {
+                **ProxyInfo.of(proxy).to_json(),
+                "workers": proxy.workers,
+                "placement": proxy.placement,
+                "local_broker_id": proxy.local_broker_id,
+                "pid": pid,
+                "running": pid is not None,
+                "listening": pid is not None and port_open(HOST, proxy.listen),
+                "log": str(self._proxy_process(proxy.index).log_file),
+            }
+        result["proxy_processes"] = proxies
         return result
 
     # --- up / down ----------------------------------------------------------------------
 
-    def up(self, brokers: int = 1, timeout: float = DEFAULT_START_TIMEOUT) -> EnvInfo:
+    def up(
+        self,
+        brokers: int = 1,
+        timeout: float = DEFAULT_START_TIMEOUT,
+        proxies: int | None = None,
+        placement: str | None = None,
+        workers: int | None = None,
+    ) -> EnvInfo:
         """Start whatever is not running and wait until Kafka reports all brokers in its
         metadata and Redis answers PING. A different broker count (or Kafka port base)
         than the recorded one tears the cluster down and creates a new one; different
-        advertised Kafka ports or Redis port only restart the processes concerned."""
+        advertised Kafka ports or Redis port only restart the processes concerned.
+
+        ``proxies``: also run that many proxies (proxy-1..N, `config.plan_proxies`) in
+        front of them, with ``placement`` and ``workers`` each, and wait until each is
+        healthy; 0 stops them. None (and None for the other two) keeps what was recorded."""
         config.check_broker_count(brokers)
         with self._locked():
             state = self._load_state()
+            recorded = state if state is not None else _State(brokers, "", 0, 0)
+            count = recorded.proxies if proxies is None else proxies
+            placement = placement or recorded.proxy_placement
+            workers = recorded.proxy_workers if workers is None else workers
+            try:  # refused before anything starts
+                config.plan_proxies(count, self.ports, brokers, placement, workers)
+            except ValueError as exc:
+                raise LocalEnvError(str(exc)) from exc
             if (
                 state is None
                 or state.brokers != brokers
@@ -283,6 +395,15 @@ class LocalEnvironment:
             deadline = time.monotonic() + timeout
             self._wait_for_brokers(state, set(nodes), set(nodes), deadline)
             self._wait_for_redis(state, deadline)
+            state = dataclasses.replace(
+                state,
+                proxies=count,
+                proxy_placement=placement,
+                proxy_workers=workers,
+                proxy_port_base=self.ports.proxy_base,
+            )
+            self._save_state(state)
+            self._ensure_proxies(state, time.monotonic() + PROXY_START_TIMEOUT)
             return self._info(state)
 
     def _adopt_ports(self, state: _State) -> _State:
@@ -302,6 +423,8 @@ class LocalEnvironment:
         """Stop every process (SIGTERM, then SIGKILL after a grace period). With purge, also
         delete the state home: the next `up` starts from empty data."""
         with self._locked():
+            # The proxies first: they drain what clients sent while Kafka still answers.
+            self._stop_proxies(self._recorded_proxy_indexes())
             procs = [self._node_process(n) for n in self._recorded_node_ids()]
             stop_all([*procs, self._redis_process()], STOP_TIMEOUT)
             if purge:
@@ -351,6 +474,117 @@ class LocalEnvironment:
                 _remove(self.redis_dir / "data")
             self._ensure_redis(state)
             self._wait_for_redis(state, time.monotonic() + timeout)
+
+    def kill_proxy(self, index: int) -> bool:
+        """SIGKILL one proxy, with its workers (its whole process group); whether it ran."""
+        with self._locked():
+            state = self._require_state()
+            proxy = self._check_proxy(state, index)
+            killed = self._kill_proxy_group(index)
+            for port in (proxy.listen, proxy.admin):
+                wait_port_closed(HOST, port, 10.0)
+            return killed
+
+    def start_proxy(self, index: int, timeout: float = PROXY_START_TIMEOUT) -> ProxyInfo:
+        """Start one proxy (if it is not running) and wait until it is healthy."""
+        with self._locked():
+            state = self._require_state()
+            proxy = self._check_proxy(state, index)
+            self._start_proxies(state, [proxy], time.monotonic() + timeout)
+            return ProxyInfo.of(proxy)
+
+    # --- proxies ------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_proxy(state: _State, index: int) -> ProxyInstance:
+        plan = _proxy_plan(state)
+        if not 1 <= index <= len(plan):
+            which = f"proxies 1..{len(plan)}" if plan else "no proxies (up --proxies N)"
+            raise LocalEnvError(f"no proxy {index}: the environment has {which}")
+        return plan[index - 1]
+
+    def _ensure_proxies(self, state: _State, deadline: float) -> None:
+        """Bring the running proxies to the recorded plan: stop those beyond it or whose
+        configuration changed, start what is not running, wait until all are healthy."""
+        plan = _proxy_plan(state)
+        self._stop_proxies([i for i in self._recorded_proxy_indexes() if i > len(plan)])
+        stale = [
+            proxy.index
+            for proxy in plan
+            if self._proxy_process(proxy.index).is_running()
+            and self._proxy_config_text(state, proxy) != _read(self._proxy_config(proxy.index))
+        ]
+        self._stop_proxies(stale)
+        self._start_proxies(state, plan, deadline)
+
+    def _proxy_config(self, index: int) -> Path:
+        return self.proxy_dir(index) / "proxy.toml"
+
+    def _proxy_config_text(self, state: _State, proxy: ProxyInstance) -> str:
+        info = self._info(dataclasses.replace(state, proxies=0))
+        header = (
+            f"Local proxy {proxy.instance_id} ({proxy.workers} worker(s)), written by "
+            f"`dedup-proxy local up`; DEDUP_PROXY_* variables are not passed to it."
+        )
+        return config.render_toml(proxy.settings(info.bootstrap, info.redis), header)
+
+    def _start_proxies(self, state: _State, plan: list[ProxyInstance], deadline: float) -> None:
+        starting = [p for p in plan if not self._proxy_process(p.index).is_running()]
+        for proxy in starting:
+            for port in (proxy.listen, *(proxy.admin + w for w in range(proxy.workers))):
+                if not wait_port_closed(HOST, port, 5.0):
+                    raise LocalEnvError(
+                        f"port {port} of {proxy.instance_id} is taken by a process this "
+                        f"environment does not know; free it or set DEDUP_LOCAL_PROXY_PORT"
+                    )
+        # The environment's own settings only: a DEDUP_PROXY_ variable of the caller's
+        # shell would override the proxy's file.
+        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("DEDUP_PROXY_")}
+        for proxy in starting:
+            path = self._proxy_config(proxy.index)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(self._proxy_config_text(state, proxy))
+            argv = [sys.executable, "-m", "dedup", "serve", "--config", str(path)]
+            self._proxy_process(proxy.index).start(argv, cwd=path.parent, env=env)
+        for proxy in plan:
+            self._wait_for_proxy(proxy, deadline)
+
+    def _wait_for_proxy(self, proxy: ProxyInstance, deadline: float) -> None:
+        proc = self._proxy_process(proxy.index)
+        while True:
+            if not proc.is_running():
+                raise self._failure(proc, f"{proxy.instance_id} exited during start")
+            if all(_proxy_healthy(url) for url in proxy.admin_urls):
+                return
+            if time.monotonic() >= deadline:
+                raise self._failure(
+                    proc, f"timed out waiting for {proxy.instance_id} to be healthy"
+                )
+            time.sleep(0.2)
+
+    def _stop_proxies(self, indexes: list[int]) -> None:
+        """SIGTERM (each drains; a supervisor stops its workers), then the whole process
+        group is SIGKILLed if it is not gone in time."""
+        procs = {index: self._proxy_process(index) for index in indexes}
+        pids = {index: proc.send(signal.SIGTERM) for index, proc in procs.items()}
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for index, pid in pids.items():
+            if pid is not None and not procs[index].wait_gone(pid, deadline - time.monotonic()):
+                self._kill_proxy_group(index)
+        for proc in procs.values():
+            proc.forget()
+
+    def _kill_proxy_group(self, index: int) -> bool:
+        proc = self._proxy_process(index)
+        pid = proc.running_pid()
+        if pid is None:
+            return False
+        # Started as a session leader: its process group (pgid == pid) holds its workers.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        if not proc.wait_gone(pid, 30.0):
+            raise LocalEnvError(f"{proc.name} (pid {pid}) still exists 30 s after SIGKILL")
+        return True
 
     # --- Kafka --------------------------------------------------------------------------
 
@@ -536,7 +770,33 @@ def _ports(state: _State) -> Ports:
         kafka_base=state.kafka_port_base,
         redis=state.redis_port,
         advertised_kafka_base=state.kafka_advertised_port_base,
+        proxy_base=state.proxy_port_base,
     )
+
+
+def _proxy_plan(state: _State) -> list[ProxyInstance]:
+    return config.plan_proxies(
+        state.proxies,
+        _ports(state),
+        state.brokers,
+        placement=state.proxy_placement,
+        workers=state.proxy_workers,
+    )
+
+
+def _proxy_healthy(admin_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{admin_url}/healthz", timeout=1) as answer:
+            return bool(json.load(answer).get("status") == "ok")
+    except (OSError, ValueError):  # refused, 503 (HTTPError is an OSError), not JSON
+        return False
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def _advertised_base(state: _State) -> int:

@@ -66,6 +66,13 @@ def serve(
     local_broker_id: Annotated[
         int | None, typer.Option(help="sidecar placement: the broker this instance is beside")
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="worker processes sharing the bootstrap port, each with broker and admin "
+            "ports of its own (default 1: in this process)"
+        ),
+    ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error")] = None,
     log_format: Annotated[str | None, typer.Option(help="json or console")] = None,
 ) -> None:
@@ -86,6 +93,7 @@ def serve(
             instance_id=instance_id,
             placement=placement,
             local_broker_id=local_broker_id,
+            workers=workers,
             dedup=False if no_dedup else None,
             pass_through=True if pass_through else None,
         )
@@ -93,6 +101,10 @@ def serve(
         typer.echo(f"dedup-proxy: {exc}", err=True)
         raise typer.Exit(2) from exc
     configure_logging(settings.log_level, settings.log_format, settings.log_stream)
+    if settings.workers > 1:
+        from dedup.app.workers import run_workers
+
+        raise typer.Exit(run_workers(settings, config))
     install_event_loop()
     try:
         asyncio.run(_serve(settings))

@@ -78,11 +78,17 @@ class ProxyServer:
     async def start(self) -> None:
         listen = self.settings.listen_endpoint
         self._bootstrap_server = await asyncio.start_server(
-            self._acceptor("bootstrap", self._bootstrap_candidates), listen.host, listen.port
+            self._acceptor("bootstrap", self._bootstrap_candidates),
+            listen.host,
+            listen.port,
+            # Several processes may share the bootstrap port; the kernel spreads new
+            # connections over them. Broker listeners stay exclusive to one process.
+            reuse_port=self.settings.reuse_port or None,
         )
         log.info(
             "bootstrap listener open",
             listen=str(listen),
+            reuse_port=self.settings.reuse_port,
             advertised_host=self.topology.advertised_host,
             broker_port_base=self.topology.broker_port_base,
             upstream=[str(e) for e in self.topology.bootstrap],

@@ -61,6 +61,11 @@ class ProxySettings(BaseSettings):
         "(default: broker_port_base)",
     )
     admin: str = Field(default=DEFAULT_ADMIN, description="admin HTTP listener, HOST:PORT")
+    reuse_port: bool = Field(
+        default=False,
+        description="open the bootstrap listener with SO_REUSEPORT, so several processes share "
+        "its port (set by `serve --workers` for its workers)",
+    )
     max_frame_bytes: int = Field(default=KAFKA_DEFAULT_MAX_REQUEST_BYTES, gt=0)
     max_in_flight_per_connection: int = Field(default=64, gt=0)
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)

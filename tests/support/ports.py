@@ -39,6 +39,14 @@ INSTANCES = [
 # test_pass_through: a proxy assembled without dedup.
 PASS_THROUGH_ONLY = ProxyPorts(listen=29392, admin=29380, broker_base=29393)
 
+# test_workers: `serve --workers 2`; worker i serves admin + i and brokers at
+# broker_base + 100 * i (27293, 27393).
+WORKERS = ProxyPorts(listen=27292, admin=27280, broker_base=27293)
+# test_local_proxies: `local up --proxies 2` in an environment of its own (LOCAL_PROXIES_ENV
+# below); proxy i (1, 2) listens on 23492 + 100 * (i - 1), admin 12 below, brokers from
+# listen + 1.
+LOCAL_PROXY_BASE = 23492
+
 # The relay that cuts connections (test_dedup): clients reach RELAYED only through it.
 RELAY_BOOTSTRAP = 28892
 RELAY_BROKER_BASE = 28893
@@ -56,6 +64,9 @@ CLUSTER_SIDECARS = [
 
 # test_batches_interop: one broker and Redis.
 BATCHES_ENV = Ports(kafka_base=21092, redis=16779)
+
+# test_local_proxies: one broker, Redis and two proxies.
+LOCAL_PROXIES_ENV = Ports(kafka_base=21592, redis=16579, proxy_base=LOCAL_PROXY_BASE)
 
 # test_dedup_state: a bare redis-server.
 DEDUP_STATE_REDIS = 16679

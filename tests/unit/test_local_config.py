@@ -11,7 +11,7 @@ import pytest
 
 from deploy import config, paths
 from deploy.config import Ports
-from deploy.local import EnvInfo, LocalEnvironment
+from deploy.local import EnvInfo, LocalEnvironment, ProxyInfo
 from deploy.paths import MissingRuntimeError
 from deploy.processes import ManagedProcess
 
@@ -294,3 +294,87 @@ def test_toxiproxy_lives_in_the_cache_next_to_the_kafka_jars(
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
     assert paths.toxiproxy_server() == str(binary)
+
+
+# --- the proxies of `up --proxies N` --------------------------------------------------------
+
+
+def test_proxy_plan_ids_and_ports() -> None:
+    plan = config.plan_proxies(3, Ports(), brokers=3)
+    assert [p.instance_id for p in plan] == ["proxy-1", "proxy-2", "proxy-3"]
+    assert [p.listen for p in plan] == [29092, 29192, 29292]
+    assert [p.admin for p in plan] == [29080, 29180, 29280]
+    assert [p.broker_base for p in plan] == [29093, 29193, 29293]
+    assert {p.local_broker_id for p in plan} == {None}
+    assert plan[0].bootstrap == "127.0.0.1:29092"
+    assert plan[1].admin_url == "http://127.0.0.1:29180"
+
+
+def test_proxy_plan_ports_never_clash() -> None:
+    plan = config.plan_proxies(
+        config.MAX_PROXIES, Ports(), brokers=3, workers=config.MAX_LOCAL_WORKERS
+    )
+    ports = [port for proxy in plan for port in proxy.ports()]
+    assert len(ports) == len(set(ports))
+    assert plan[0].admin_urls[-1] == f"http://127.0.0.1:{29080 + config.MAX_LOCAL_WORKERS - 1}"
+    # What each proxy's own settings check says about its workers' ports agrees.
+    from dedup.app.settings import load_settings
+
+    for proxy in plan:
+        load_settings(None, **proxy.settings("127.0.0.1:19092", "redis://127.0.0.1:16379/0"))
+
+
+def test_proxy_plan_sidecar_needs_one_proxy_per_broker() -> None:
+    plan = config.plan_proxies(3, Ports(), brokers=3, placement="sidecar")
+    assert [p.local_broker_id for p in plan] == [0, 1, 2]
+    assert plan[2].settings("k:1", "redis://r")["local_broker_id"] == 2
+    with pytest.raises(ValueError, match="need --proxies 1, not 2"):
+        config.plan_proxies(2, Ports(), brokers=1, placement="sidecar")
+    with pytest.raises(ValueError, match="placement"):
+        config.plan_proxies(1, Ports(), brokers=1, placement="nearest")
+    with pytest.raises(ValueError, match="workers"):
+        config.plan_proxies(1, Ports(), brokers=1, workers=config.MAX_LOCAL_WORKERS + 1)
+    assert config.plan_proxies(0, Ports(), brokers=1) == []
+
+
+def test_proxy_plan_refuses_kafka_or_redis_ports() -> None:
+    with pytest.raises(ValueError, match="DEDUP_LOCAL_PROXY_PORT"):
+        config.plan_proxies(1, Ports(kafka_base=20092, proxy_base=20192), brokers=1)
+    with pytest.raises(ValueError, match="DEDUP_LOCAL_PROXY_PORT"):
+        config.plan_proxies(1, Ports(redis=29094), brokers=1)
+
+
+def test_proxy_port_from_environment() -> None:
+    assert Ports.from_env({"DEDUP_LOCAL_PROXY_PORT": "30092"}).proxy_base == 30092
+    assert Ports.from_env({}).proxy_base == config.DEFAULT_PROXY_PORT
+
+
+def test_proxy_settings_render_as_toml_the_proxy_loads(tmp_path: Path) -> None:
+    from dedup.app.settings import load_settings
+
+    proxy = config.plan_proxies(1, Ports(), brokers=1, placement="sidecar", workers=2)[0]
+    path = tmp_path / "proxy.toml"
+    path.write_text(config.render_toml(proxy.settings("a:1,b:2", "redis://x:1/0"), "a header"))
+    settings = load_settings(path)
+    assert settings.upstream == ["a:1", "b:2"]
+    assert (settings.instance_id, settings.placement, settings.local_broker_id) == (
+        "proxy-1",
+        "sidecar",
+        0,
+    )
+    assert (settings.workers, settings.worker_port_stride) == (2, config.LOCAL_WORKER_PORT_STRIDE)
+
+
+def test_env_info_json_with_proxies() -> None:
+    proxy = ProxyInfo("proxy-1", "127.0.0.1:29092", "http://127.0.0.1:29080", ("http://a", "b"))
+    info = EnvInfo(bootstrap="b:1", brokers={0: "b:1"}, redis="redis://r", proxies=(proxy,))
+    data = info.to_json()
+    assert data["proxies"] == [
+        {
+            "instance_id": "proxy-1",
+            "bootstrap": "127.0.0.1:29092",
+            "admin": "http://127.0.0.1:29080",
+            "admins": ["http://a", "b"],
+        }
+    ]
+    assert EnvInfo.from_json(data) == info
