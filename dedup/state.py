@@ -53,7 +53,9 @@ How it is stored and run:
   the same round trip as the state (before it), so `partitions` needs no SCAN. It lives in
   another slot, so it is not updated atomically with the state: it may name a partition whose
   state is gone (`partitions` filters those out); see `clear` for the one race it has.
-  `topics` (administration only) SCANs for these sets.
+  ``<prefix>:{topics}`` is the registry of the topics with such a set, written in the same
+  round trip (before them), so `topics` needs no SCAN of the keyspace either (which a Redis
+  Cluster could only do node by node).
 - Every rule runs inside one Lua script per partition (``dedup/lua/*.lua``), so the check and the
   update are atomic across every proxy instance. All partitions of a call go out in one
   non-transactional pipeline of EVALSHA: one network round trip per call. A NOSCRIPT reply
@@ -191,7 +193,7 @@ class DedupState:
 
     def __init__(
         self,
-        redis: redis.asyncio.Redis,
+        redis: redis.asyncio.Redis | redis.asyncio.RedisCluster,
         *,
         key_prefix: str = "dedup",
         max_producers: int = 10_000,
@@ -382,16 +384,20 @@ class DedupState:
         return [p for p, count in zip(candidates, counts, strict=True) if count]
 
     async def topics(self) -> list[str]:
-        """Topics that have (or had: a superset) dedup state, sorted. SCANs the keyspace for
-        the per-topic partition sets: for rare administrative calls, not the produce path."""
-        prefix = self._prefix.encode()
-        suffix = b"}:partitions"
-        pattern = _glob_escape(prefix) + b":{*" + suffix
-        topics = set()
-        async for key in self._redis.scan_iter(match=pattern, count=1000):
-            raw = key.encode() if isinstance(key, str) else key
-            topics.add(raw[len(prefix) + 2 : -len(suffix)].decode())
-        return sorted(topics)
+        """Topics that have (or had: a superset) dedup state, sorted: the registry of topics
+        (`_note_partitions` writes it with the partition sets), without the topics whose
+        partition set is gone. For administrative calls, not the produce path."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.smembers(self._topics_key())
+        (members,) = await pipe.execute()
+        candidates = sorted(_text(m) for m in members)
+        if not candidates:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for topic in candidates:
+            pipe.exists(self._partitions_key(topic))
+        counts = await pipe.execute()
+        return [t for t, count in zip(candidates, counts, strict=True) if count]
 
     # -- administration ---------------------------------------------------------------------
 
@@ -415,6 +421,7 @@ class DedupState:
             pipe.delete(*self._keys(topic, p))
         if partition is None:
             pipe.delete(set_key)
+            pipe.srem(self._topics_key(), topic)
         else:
             pipe.srem(set_key, str(partition))
         await pipe.execute()
@@ -521,14 +528,24 @@ class DedupState:
     def _partitions_key(self, topic: str) -> str:
         return f"{self._prefix}:{{{topic}}}:partitions"
 
+    def _topics_key(self) -> str:
+        """The registry of topics with a partition set (its own slot; `topics` reads it)."""
+        return f"{self._prefix}:{{topics}}"
+
     def _note_partitions(self, partitions: Iterable[tuple[str, int]]) -> list[tuple[str, ...]]:
-        """SADD commands recording which partitions have state, one per topic."""
+        """SADD commands recording which partitions have state, one per topic, after the
+        one recording the topics in the registry."""
         by_topic: dict[str, set[str]] = {}
         for topic, partition in partitions:
             by_topic.setdefault(topic, set()).add(str(partition))
+        if not by_topic:
+            return []
         return [
-            ("SADD", self._partitions_key(topic), *sorted(members))
-            for topic, members in by_topic.items()
+            ("SADD", self._topics_key(), *sorted(by_topic)),
+            *(
+                ("SADD", self._partitions_key(topic), *sorted(members))
+                for topic, members in by_topic.items()
+            ),
         ]
 
     async def _run(
@@ -536,7 +553,11 @@ class DedupState:
     ) -> list[Any]:
         """Run the plain commands `before`, then every script call, in ONE round trip (a
         non-transactional pipeline); return the scripts' replies. Calls that got NOSCRIPT are
-        re-run once after SCRIPT LOAD: NOSCRIPT means the script did not run."""
+        re-run once after SCRIPT LOAD: NOSCRIPT means the script did not run.
+
+        On a Redis Cluster the pipeline goes to each slot's primary (one round trip per node,
+        in parallel; every call's keys share one slot), and SCRIPT LOAD to every primary: a
+        replica promoted by a failover has no scripts cached."""
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
         for attempt in range(2):
@@ -561,10 +582,15 @@ class DedupState:
                     replies[i] = result
             if not missing:
                 break
-            pipe = self._redis.pipeline(transaction=False)
-            for script in {calls[i][0] for i in missing}:
-                pipe.script_load(script.source)
-            await pipe.execute()
+            scripts = {calls[i][0] for i in missing}
+            if isinstance(self._redis, redis.asyncio.RedisCluster):
+                for script in scripts:  # to every primary; not possible in a pipeline
+                    await self._redis.script_load(script.source)
+            else:
+                pipe = self._redis.pipeline(transaction=False)
+                for script in scripts:
+                    pipe.script_load(script.source)
+                await pipe.execute()
             pending = missing
         return replies
 
@@ -578,13 +604,6 @@ def _sequence(value: int) -> str:
 
 def _chunks(raw: Mapping[bytes | str, bytes | str]) -> dict[str, ChunkProgress]:
     return {_text(p): ChunkProgress.decode(_text(value)) for p, value in raw.items()}
-
-
-def _glob_escape(text: bytes) -> bytes:
-    """`text` as a literal inside a Redis MATCH pattern."""
-    for special in (b"\\", b"*", b"?", b"[", b"]"):
-        text = text.replace(special, b"\\" + special)
-    return text
 
 
 def _text(value: bytes | str) -> str:
