@@ -36,6 +36,12 @@ class BrokerCount(StrEnum):
     three = "3"
 
 
+class RedisTopology(StrEnum):
+    single = "single"
+    sentinel = "sentinel"
+    cluster = "cluster"
+
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 NodeId = Annotated[int, typer.Argument(help="Kafka node id (0..brokers-1).", min=0)]
 
@@ -68,14 +74,22 @@ def up(
     brokers: Annotated[
         BrokerCount, typer.Option("--brokers", help="Kafka nodes (a new count recreates).")
     ] = BrokerCount.one,
+    redis: Annotated[
+        RedisTopology,
+        typer.Option(
+            "--redis",
+            help="Redis: one process; a primary, two replicas and three Sentinels; or a "
+            "six-node Redis Cluster (a new topology starts empty).",
+        ),
+    ] = RedisTopology.single,
     json_output: JsonFlag = False,
 ) -> None:
     """Start Kafka and Redis (only what is not running) and wait until they answer."""
     if not json_output:
-        err.print(f"starting {brokers.value} Kafka node(s) and Redis ...")
+        err.print(f"starting {brokers.value} Kafka node(s) and Redis ({redis.value}) ...")
     started = time.monotonic()
     try:
-        info = _env().up(brokers=int(brokers.value))
+        info = _env().up(brokers=int(brokers.value), redis=redis.value)
     except (LocalEnvError, MissingRuntimeError) as exc:
         raise _fail(exc) from exc
     if json_output:
@@ -109,9 +123,18 @@ def status(json_output: JsonFlag = False) -> None:
         table.add_column(column)
     for node, proc in data["nodes"].items():
         table.add_row(f"kafka node {node}", proc["address"], _pid(proc), _state(proc))
-    redis_proc = data["redis_process"]
-    table.add_row("redis", data["redis"], _pid(redis_proc), _state(redis_proc))
+    topology = data.get("redis_topology", "single")
+    if topology == "single":
+        redis_proc = data["redis_process"]
+        table.add_row("redis", data["redis"], _pid(redis_proc), _state(redis_proc))
+    else:
+        for index, proc in data["redis_nodes"].items():
+            table.add_row(f"redis node {index}", proc["address"], _pid(proc), _state(proc))
+        for index, proc in data["redis_sentinels"].items():
+            table.add_row(f"sentinel {index}", proc["address"], _pid(proc), _state(proc))
     out.print(table)
+    if topology != "single":
+        out.print(f"redis {data['redis']}", highlight=False, soft_wrap=True)
     out.print(
         f"bootstrap {data['bootstrap']}  cluster {data['cluster_id']}",
         highlight=False,
@@ -150,28 +173,45 @@ def start_broker(node_id: NodeId) -> None:
     out.print(f"kafka node {node_id} up")
 
 
+RedisNodeOption = Annotated[
+    int | None, typer.Option("--node", help="Redis data node index (status lists them).", min=0)
+]
+
+
 @local_app.command("kill-redis")
-def kill_redis() -> None:
-    """SIGKILL Redis."""
+def kill_redis(
+    node: RedisNodeOption = None,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", help="the node serving this key (a cluster: its slot's primary)"),
+    ] = None,
+) -> None:
+    """SIGKILL a Redis data node: by default the primary (single, sentinel); in a cluster
+    name --node or --key."""
+    env = _env()
     try:
-        killed = _env().kill_redis()
+        if node is None:
+            node = env.redis_node(key)
+        killed = env.kill_redis(node)
     except LocalEnvError as exc:
         raise _fail(exc) from exc
-    out.print("redis " + ("killed" if killed else "was not running"))
+    out.print(f"redis node {node} " + ("killed" if killed else "was not running"))
 
 
 @local_app.command("start-redis")
 def start_redis(
+    node: RedisNodeOption = None,
     empty: Annotated[
         bool, typer.Option(help="start with no data (a stopped Redis loses its data)")
     ] = False,
 ) -> None:
-    """Start Redis and wait until it answers PING."""
+    """Start Redis (one node, or everything that is not running) and wait until it is
+    ready."""
     try:
-        _env().start_redis(empty=empty)
+        _env().start_redis(empty=empty, node=node)
     except (LocalEnvError, MissingRuntimeError) as exc:
         raise _fail(exc) from exc
-    out.print("redis up")
+    out.print("redis up" if node is None else f"redis node {node} up")
 
 
 # --- the standalone Spark cluster ----------------------------------------------------------
