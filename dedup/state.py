@@ -184,6 +184,24 @@ _RESET = _Script.load("reset")
 _PURGE = _Script.load("purge")
 _LOAD = _Script.load("load")
 
+# A consistent read of keys of one slot (`producers`, `recovered_state`): a script, as a
+# MULTI pipeline on a cluster client depends on the client's version. ARGV[i] says how to
+# read KEYS[i]: "get", "hash" (HGETALL) or "zset" (ZRANGE WITHSCORES).
+_READ_SOURCE = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  if ARGV[i] == "get" then
+    out[i] = redis.call("GET", key)
+  elseif ARGV[i] == "hash" then
+    out[i] = redis.call("HGETALL", key)
+  else
+    out[i] = redis.call("ZRANGE", key, 0, -1, "WITHSCORES")
+  end
+end
+return out
+"""
+_READ = _Script("read", _READ_SOURCE, hashlib.sha1(_READ_SOURCE.encode()).hexdigest())
+
 # One script call: the script, its keys, its arguments.
 _Call = tuple[_Script, tuple[str, ...], list[str]]
 
@@ -334,19 +352,19 @@ class DedupState:
         pushed_key, persisted_key, seen_key, _, pushed_chunk_key, persisted_chunk_key = self._keys(
             topic, partition
         )
-        pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
-        pipe.hgetall(pushed_key)
-        pipe.hgetall(persisted_key)
-        pipe.zrange(seen_key, 0, -1, withscores=True)
-        pipe.hgetall(pushed_chunk_key)
-        pipe.hgetall(persisted_chunk_key)
         (
             pushed_raw,
             persisted_raw,
             seen_raw,
             pushed_chunk_raw,
             persisted_chunk_raw,
-        ) = await pipe.execute()
+        ) = await self._read(  # one slot: a consistent view
+            (pushed_key, "hash"),
+            (persisted_key, "hash"),
+            (seen_key, "zset"),
+            (pushed_chunk_key, "hash"),
+            (persisted_chunk_key, "hash"),
+        )
         pushed = {_text(p): int(s) for p, s in pushed_raw.items()}
         persisted = {_text(p): int(s) for p, s in persisted_raw.items()}
         seen = {_text(p): int(ms) for p, ms in seen_raw}
@@ -472,12 +490,12 @@ class DedupState:
         times, read atomically, for a snapshot; None when the partition no longer holds
         `token` (state lost or recovered by another)."""
         _, persisted_key, seen_key, token_key, _, persisted_chunk_key = self._keys(topic, partition)
-        pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
-        pipe.get(token_key)
-        pipe.hgetall(persisted_key)
-        pipe.zrange(seen_key, 0, -1, withscores=True)
-        pipe.hgetall(persisted_chunk_key)
-        found, persisted_raw, seen_raw, chunks_raw = await pipe.execute()
+        found, persisted_raw, seen_raw, chunks_raw = await self._read(  # one slot: consistent
+            (token_key, "get"),
+            (persisted_key, "hash"),
+            (seen_key, "zset"),
+            (persisted_chunk_key, "hash"),
+        )
         if found is None or _text(found) != token:
             return None
         seen = {_text(p): int(ms) for p, ms in seen_raw}
@@ -548,6 +566,23 @@ class DedupState:
             ),
         ]
 
+    async def _read(self, *reads: tuple[str, str]) -> list[Any]:
+        """(key, how) of one slot read atomically: GET's value, HGETALL's dict, ZRANGE
+        WITHSCORES' [(member, score)], as the commands' own replies would be."""
+        keys = tuple(key for key, _ in reads)
+        (reply,) = await self._run([(_READ, keys, [how for _, how in reads])])
+        values: list[Any] = []
+        for (_, how), raw in zip(reads, reply, strict=True):
+            if how == "get":
+                values.append(raw)
+            elif how == "hash":
+                values.append(dict(zip(raw[::2], raw[1::2], strict=True)))
+            else:
+                values.append(
+                    [(m, float(score)) for m, score in zip(raw[::2], raw[1::2], strict=True)]
+                )
+        return values
+
     async def _run(
         self, calls: Sequence[_Call], before: Sequence[tuple[str, ...]] = ()
     ) -> list[Any]:
@@ -566,7 +601,9 @@ class DedupState:
                 pipe.execute_command(*command)
             for i in pending:
                 script, keys, args = calls[i]
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                # execute_command: a cluster pipeline blocks the evalsha method, not EVALSHA
+                # itself, which it routes by its keys' slot.
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             results = await pipe.execute(raise_on_error=False)
             for result in results[: len(before)]:
                 if isinstance(result, Exception):
