@@ -591,8 +591,8 @@ class DedupState:
         re-run once after SCRIPT LOAD: NOSCRIPT means the script did not run.
 
         On a Redis Cluster the pipeline goes to each slot's primary (one round trip per node,
-        in parallel; every call's keys share one slot), and SCRIPT LOAD to every primary: a
-        replica promoted by a failover has no scripts cached."""
+        in parallel; every call's keys share one slot), and SCRIPT LOAD to the primary of
+        each call that got NOSCRIPT: a replica promoted by a failover has no scripts cached."""
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
         for attempt in range(2):
@@ -619,13 +619,22 @@ class DedupState:
                     replies[i] = result
             if not missing:
                 break
-            scripts = {calls[i][0] for i in missing}
             if isinstance(self._redis, redis.asyncio.RedisCluster):
-                for script in scripts:  # to every primary; not possible in a pipeline
-                    await self._redis.script_load(script.source)
+                # To the node that serves each call's slot (as the client now knows it): a
+                # replica just promoted may still be listed as a replica, so "every
+                # primary" can miss it.
+                cluster = self._redis
+                loads = {}
+                for i in missing:
+                    script, keys, _ = calls[i]
+                    node = cluster.get_node_from_key(keys[0])
+                    if node is not None:  # else no known owner: the re-run fails as it did
+                        loads[(node.name, script.sha)] = (node, script)
+                for node, script in loads.values():
+                    await cluster.execute_command("SCRIPT LOAD", script.source, target_nodes=node)
             else:
                 pipe = self._redis.pipeline(transaction=False)
-                for script in scripts:
+                for script in {calls[i][0] for i in missing}:
                     pipe.script_load(script.source)
                 await pipe.execute()
             pending = missing
