@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 
 class Mode(enum.StrEnum):
@@ -64,7 +64,11 @@ class PolicySnapshot:
 
 class PolicyStore:
     def __init__(
-        self, redis: Redis, default: Mode, key_prefix: str = "dedup", cache_s: float = 1.0
+        self,
+        redis: Redis | RedisCluster,
+        default: Mode,
+        key_prefix: str = "dedup",
+        cache_s: float = 1.0,
     ) -> None:
         self._redis = redis
         self._default = default

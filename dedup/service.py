@@ -24,6 +24,7 @@ from dedup.policies import Mode, PolicyStore
 from dedup.ports import SystemClock
 from dedup.recovery import Owners, Recovery
 from dedup.recovery_scheduler import RecoveryScheduler
+from dedup.redis_connect import redis_from_url
 from dedup.settings import DedupSettings
 from dedup.snapshots import SnapshotError, SnapshotStore
 from dedup.snapshotter import SnapshotPolicy, Snapshotter
@@ -61,7 +62,7 @@ class DedupService:
         self.upstream = upstream
         leader_of = upstream.leader_of
         self._leader_of = leader_of
-        self.redis = redis.asyncio.from_url(settings.redis)
+        self.redis = redis_from_url(settings.redis)
         prefix = settings.redis_key_prefix
         self.state = DedupState(
             self.redis, key_prefix=prefix, max_producers=settings.max_producers_per_partition

@@ -53,7 +53,9 @@ How it is stored and run:
   the same round trip as the state (before it), so `partitions` needs no SCAN. It lives in
   another slot, so it is not updated atomically with the state: it may name a partition whose
   state is gone (`partitions` filters those out); see `clear` for the one race it has.
-  `topics` (administration only) SCANs for these sets.
+  ``<prefix>:{topics}`` is the registry of the topics with such a set, written in the same
+  round trip (before them), so `topics` needs no SCAN of the keyspace either (which a Redis
+  Cluster could only do node by node).
 - Every rule runs inside one Lua script per partition (``dedup/lua/*.lua``), so the check and the
   update are atomic across every proxy instance. All partitions of a call go out in one
   non-transactional pipeline of EVALSHA: one network round trip per call. A NOSCRIPT reply
@@ -182,6 +184,10 @@ _RESET = Script.load("reset")
 _PURGE = Script.load("purge")
 _LOAD = Script.load("load")
 
+# A consistent read of keys of one slot (`producers`, `recovered_state`): a script, as a
+# MULTI pipeline on a cluster client depends on the client's version.
+_READ = Script.load("read")
+
 # One script call: the script, its keys, its arguments.
 _Call = tuple[Script, tuple[str, ...], list[str]]
 
@@ -191,7 +197,7 @@ class DedupState:
 
     def __init__(
         self,
-        redis: redis.asyncio.Redis,
+        redis: redis.asyncio.Redis | redis.asyncio.RedisCluster,
         *,
         key_prefix: str = "dedup",
         max_producers: int = 10_000,
@@ -343,19 +349,19 @@ class DedupState:
         pushed_key, persisted_key, seen_key, _, pushed_chunk_key, persisted_chunk_key, _ = (
             self._keys(topic, partition)
         )
-        pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
-        pipe.hgetall(pushed_key)
-        pipe.hgetall(persisted_key)
-        pipe.zrange(seen_key, 0, -1, withscores=True)
-        pipe.hgetall(pushed_chunk_key)
-        pipe.hgetall(persisted_chunk_key)
         (
             pushed_raw,
             persisted_raw,
             seen_raw,
             pushed_chunk_raw,
             persisted_chunk_raw,
-        ) = await pipe.execute()
+        ) = await self._read(  # one slot: a consistent view
+            (pushed_key, "hash"),
+            (persisted_key, "hash"),
+            (seen_key, "zset"),
+            (pushed_chunk_key, "hash"),
+            (persisted_chunk_key, "hash"),
+        )
         pushed = {_text(p): int(s) for p, s in pushed_raw.items()}
         persisted = {_text(p): int(s) for p, s in persisted_raw.items()}
         seen = {_text(p): int(ms) for p, ms in seen_raw}
@@ -393,16 +399,20 @@ class DedupState:
         return [p for p, count in zip(candidates, counts, strict=True) if count]
 
     async def topics(self) -> list[str]:
-        """Topics that have (or had: a superset) dedup state, sorted. SCANs the keyspace for
-        the per-topic partition sets: for rare administrative calls, not the produce path."""
-        prefix = self._prefix.encode()
-        suffix = b"}:partitions"
-        pattern = _glob_escape(prefix) + b":{*" + suffix
-        topics = set()
-        async for key in self._redis.scan_iter(match=pattern, count=1000):
-            raw = key.encode() if isinstance(key, str) else key
-            topics.add(raw[len(prefix) + 2 : -len(suffix)].decode())
-        return sorted(topics)
+        """Topics that have (or had: a superset) dedup state, sorted: the registry of topics
+        (`_note_partitions` writes it with the partition sets), without the topics whose
+        partition set is gone. For administrative calls, not the produce path."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.smembers(self._topics_key())
+        (members,) = await pipe.execute()
+        candidates = sorted(_text(m) for m in members)
+        if not candidates:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for topic in candidates:
+            pipe.exists(self._partitions_key(topic))
+        counts = await pipe.execute()
+        return [t for t, count in zip(candidates, counts, strict=True) if count]
 
     # -- administration ---------------------------------------------------------------------
 
@@ -426,6 +436,7 @@ class DedupState:
             pipe.delete(*self._keys(topic, p)[:6])  # the lease's history stays
         if partition is None:
             pipe.delete(set_key)
+            pipe.srem(self._topics_key(), topic)
         else:
             pipe.srem(set_key, str(partition))
         await pipe.execute()
@@ -483,12 +494,12 @@ class DedupState:
         _, persisted_key, seen_key, token_key, _, persisted_chunk_key, _ = self._keys(
             topic, partition
         )
-        pipe = self._redis.pipeline(transaction=True)  # one slot: a consistent view
-        pipe.get(token_key)
-        pipe.hgetall(persisted_key)
-        pipe.zrange(seen_key, 0, -1, withscores=True)
-        pipe.hgetall(persisted_chunk_key)
-        found, persisted_raw, seen_raw, chunks_raw = await pipe.execute()
+        found, persisted_raw, seen_raw, chunks_raw = await self._read(  # one slot: consistent
+            (token_key, "get"),
+            (persisted_key, "hash"),
+            (seen_key, "zset"),
+            (persisted_chunk_key, "hash"),
+        )
         if found is None or _text(found).split(" ")[0] != token:
             return None
         seen = {_text(p): int(ms) for p, ms in seen_raw}
@@ -570,22 +581,53 @@ class DedupState:
     def _partitions_key(self, topic: str) -> str:
         return f"{self._prefix}:{{{topic}}}:partitions"
 
+    def _topics_key(self) -> str:
+        """The registry of topics with a partition set (its own slot; `topics` reads it)."""
+        return f"{self._prefix}:{{topics}}"
+
     def _note_partitions(self, partitions: Iterable[tuple[str, int]]) -> list[tuple[str, ...]]:
-        """SADD commands recording which partitions have state, one per topic."""
+        """SADD commands recording which partitions have state, one per topic, after the
+        one recording the topics in the registry."""
         by_topic: dict[str, set[str]] = {}
         for topic, partition in partitions:
             by_topic.setdefault(topic, set()).add(str(partition))
+        if not by_topic:
+            return []
         return [
-            ("SADD", self._partitions_key(topic), *sorted(members))
-            for topic, members in by_topic.items()
+            ("SADD", self._topics_key(), *sorted(by_topic)),
+            *(
+                ("SADD", self._partitions_key(topic), *sorted(members))
+                for topic, members in by_topic.items()
+            ),
         ]
+
+    async def _read(self, *reads: tuple[str, str]) -> list[Any]:
+        """(key, how) of one slot read atomically: GET's value, HGETALL's dict, ZRANGE
+        WITHSCORES' [(member, score)], as the commands' own replies would be."""
+        keys = tuple(key for key, _ in reads)
+        (reply,) = await self._run([(_READ, keys, [how for _, how in reads])])
+        values: list[Any] = []
+        for (_, how), raw in zip(reads, reply, strict=True):
+            if how == "get":
+                values.append(raw)
+            elif how == "hash":
+                values.append(dict(zip(raw[::2], raw[1::2], strict=True)))
+            else:
+                values.append(
+                    [(m, float(score)) for m, score in zip(raw[::2], raw[1::2], strict=True)]
+                )
+        return values
 
     async def _run(
         self, calls: Sequence[_Call], before: Sequence[tuple[str, ...]] = ()
     ) -> list[Any]:
         """Run the plain commands `before`, then every script call, in ONE round trip (a
         non-transactional pipeline); return the scripts' replies. Calls that got NOSCRIPT are
-        re-run once after SCRIPT LOAD: NOSCRIPT means the script did not run."""
+        re-run once after SCRIPT LOAD: NOSCRIPT means the script did not run.
+
+        On a Redis Cluster the pipeline goes to each slot's primary (one round trip per node,
+        in parallel; every call's keys share one slot), and SCRIPT LOAD to the primary of
+        each call that got NOSCRIPT: a replica promoted by a failover has no scripts cached."""
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
         for attempt in range(2):
@@ -594,7 +636,9 @@ class DedupState:
                 pipe.execute_command(*command)
             for i in pending:
                 script, keys, args = calls[i]
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                # execute_command: a cluster pipeline blocks the evalsha method, not EVALSHA
+                # itself, which it routes by its keys' slot.
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             results = await pipe.execute(raise_on_error=False)
             for result in results[: len(before)]:
                 if isinstance(result, Exception):
@@ -610,10 +654,24 @@ class DedupState:
                     replies[i] = result
             if not missing:
                 break
-            pipe = self._redis.pipeline(transaction=False)
-            for script in {calls[i][0] for i in missing}:
-                pipe.script_load(script.source)
-            await pipe.execute()
+            if isinstance(self._redis, redis.asyncio.RedisCluster):
+                # To the node that serves each call's slot (as the client now knows it): a
+                # replica just promoted may still be listed as a replica, so "every
+                # primary" can miss it.
+                cluster = self._redis
+                loads = {}
+                for i in missing:
+                    script, keys, _ = calls[i]
+                    node = cluster.get_node_from_key(keys[0])
+                    if node is not None:  # else no known owner: the re-run fails as it did
+                        loads[(node.name, script.sha)] = (node, script)
+                for node, script in loads.values():
+                    await cluster.execute_command("SCRIPT LOAD", script.source, target_nodes=node)
+            else:
+                pipe = self._redis.pipeline(transaction=False)
+                for script in {calls[i][0] for i in missing}:
+                    pipe.script_load(script.source)
+                await pipe.execute()
             pending = missing
         return replies
 
@@ -627,13 +685,6 @@ def _sequence(value: int) -> str:
 
 def _chunks(raw: Mapping[bytes | str, bytes | str]) -> dict[str, ChunkProgress]:
     return {_text(p): ChunkProgress.decode(_text(value)) for p, value in raw.items()}
-
-
-def _glob_escape(text: bytes) -> bytes:
-    """`text` as a literal inside a Redis MATCH pattern."""
-    for special in (b"\\", b"*", b"?", b"[", b"]"):
-        text = text.replace(special, b"\\" + special)
-    return text
 
 
 def _text(value: bytes | str) -> str:

@@ -42,6 +42,12 @@ class Placement(StrEnum):
     sidecar = "sidecar"
 
 
+class RedisTopology(StrEnum):
+    single = "single"
+    sentinel = "sentinel"
+    cluster = "cluster"
+
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 NodeId = Annotated[int, typer.Argument(help="Kafka node id (0..brokers-1).", min=0)]
 
@@ -80,6 +86,14 @@ def up(
     brokers: Annotated[
         BrokerCount, typer.Option("--brokers", help="Kafka nodes (a new count recreates).")
     ] = BrokerCount.one,
+    redis: Annotated[
+        RedisTopology,
+        typer.Option(
+            "--redis",
+            help="Redis: one process; a primary, two replicas and three Sentinels; or a "
+            "six-node Redis Cluster (a new topology starts empty).",
+        ),
+    ] = RedisTopology.single,
     proxies: Annotated[
         int | None,
         typer.Option(
@@ -103,11 +117,12 @@ def up(
     --proxies, also proxies in front of them, until each is healthy."""
     if not json_output:
         what = f" and {proxies} proxies" if proxies else ""
-        err.print(f"starting {brokers.value} Kafka node(s), Redis{what} ...")
+        err.print(f"starting {brokers.value} Kafka node(s), Redis ({redis.value}){what} ...")
     started = time.monotonic()
     try:
         info = _env().up(
             brokers=int(brokers.value),
+            redis=redis.value,
             proxies=proxies,
             placement=None if placement is None else placement.value,
             workers=workers,
@@ -145,14 +160,23 @@ def status(json_output: JsonFlag = False) -> None:
         table.add_column(column)
     for node, proc in data["nodes"].items():
         table.add_row(f"kafka node {node}", proc["address"], _pid(proc), _state(proc))
-    redis_proc = data["redis_process"]
-    table.add_row("redis", data["redis"], _pid(redis_proc), _state(redis_proc))
+    topology = data.get("redis_topology", "single")
+    if topology == "single":
+        redis_proc = data["redis_process"]
+        table.add_row("redis", data["redis"], _pid(redis_proc), _state(redis_proc))
+    else:
+        for index, proc in data["redis_nodes"].items():
+            table.add_row(f"redis node {index}", proc["address"], _pid(proc), _state(proc))
+        for index, proc in data["redis_sentinels"].items():
+            table.add_row(f"sentinel {index}", proc["address"], _pid(proc), _state(proc))
     for proc in data["proxy_processes"].values():
         address = f"{proc['bootstrap']} (admin {proc['admin']})"
         if proc["workers"] > 1:
             address += f", {proc['workers']} workers"
         table.add_row(proc["instance_id"], address, _pid(proc), _state(proc))
     out.print(table)
+    if topology != "single":
+        out.print(f"redis {data['redis']}", highlight=False, soft_wrap=True)
     out.print(
         f"bootstrap {data['bootstrap']}  cluster {data['cluster_id']}",
         highlight=False,
@@ -214,28 +238,45 @@ def start_proxy(index: ProxyIndex) -> None:
     out.print(f"{proxy.instance_id} up: bootstrap {proxy.bootstrap}, admin {proxy.admin}")
 
 
+RedisNodeOption = Annotated[
+    int | None, typer.Option("--node", help="Redis data node index (status lists them).", min=0)
+]
+
+
 @local_app.command("kill-redis")
-def kill_redis() -> None:
-    """SIGKILL Redis."""
+def kill_redis(
+    node: RedisNodeOption = None,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", help="the node serving this key (a cluster: its slot's primary)"),
+    ] = None,
+) -> None:
+    """SIGKILL a Redis data node: by default the primary (single, sentinel); in a cluster
+    name --node or --key."""
+    env = _env()
     try:
-        killed = _env().kill_redis()
+        if node is None:
+            node = env.redis_node(key)
+        killed = env.kill_redis(node)
     except LocalEnvError as exc:
         raise _fail(exc) from exc
-    out.print("redis " + ("killed" if killed else "was not running"))
+    out.print(f"redis node {node} " + ("killed" if killed else "was not running"))
 
 
 @local_app.command("start-redis")
 def start_redis(
+    node: RedisNodeOption = None,
     empty: Annotated[
         bool, typer.Option(help="start with no data (a stopped Redis loses its data)")
     ] = False,
 ) -> None:
-    """Start Redis and wait until it answers PING."""
+    """Start Redis (one node, or everything that is not running) and wait until it is
+    ready."""
     try:
-        _env().start_redis(empty=empty)
+        _env().start_redis(empty=empty, node=node)
     except (LocalEnvError, MissingRuntimeError) as exc:
         raise _fail(exc) from exc
-    out.print("redis up")
+    out.print("redis up" if node is None else f"redis node {node} up")
 
 
 # --- the standalone Spark cluster ----------------------------------------------------------

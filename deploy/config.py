@@ -366,8 +366,15 @@ def parse_properties(text: str) -> dict[str, str]:
     return props
 
 
-def redis_config(port: int, data_dir: Path, pid_file: Path, log_file: Path) -> str:
-    """A private Redis: its own port, directory, pid and log files, AOF on."""
+def redis_config(
+    port: int,
+    data_dir: Path,
+    pid_file: Path,
+    log_file: Path,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> str:
+    """A private Redis: its own port, directory, pid and log files, AOF on; `extra` settings
+    after these (a replica's ``replicaof``, a cluster node's ``cluster-enabled``)."""
     settings = [
         ("bind", HOST),
         ("port", str(port)),
@@ -387,6 +394,107 @@ def redis_config(port: int, data_dir: Path, pid_file: Path, log_file: Path) -> s
         ("appendfsync", "everysec"),
         # AOF is the persistence; RDB snapshots would only add fork pauses.
         ("save", '""'),
+        *extra,
+    ]
+    return "\n".join(f"{key} {value}" for key, value in settings) + "\n"
+
+
+# --- Redis topologies -----------------------------------------------------------------------
+#
+# single:   one redis-server on the Redis port P.
+# sentinel: data nodes on P (the first primary), P+1, P+2 (its replicas); three Sentinels
+#           on P+10, P+11, P+12 watching them under the name SENTINEL_MASTER.
+# cluster:  six nodes on P..P+5 (three primaries, three replicas); each node's cluster bus
+#           is Redis's default, its port + 10000.
+
+REDIS_TOPOLOGIES = ("single", "sentinel", "cluster")
+SENTINEL_MASTER = "dedup"
+SENTINEL_PORT_OFFSET = 10
+SENTINELS = 3
+SENTINEL_DATA_NODES = 3
+CLUSTER_NODES = 6
+CLUSTER_BUS_OFFSET = 10000
+# Quick failovers on one machine: a primary is down after 1 s without an answer.
+SENTINEL_DOWN_AFTER_MS = 1000
+SENTINEL_FAILOVER_TIMEOUT_MS = 10000
+CLUSTER_NODE_TIMEOUT_MS = 2000
+
+
+def check_redis_topology(topology: str) -> None:
+    if topology not in REDIS_TOPOLOGIES:
+        raise ValueError(f"redis topology must be one of {REDIS_TOPOLOGIES}, not {topology!r}")
+
+
+def redis_data_ports(topology: str, base: int) -> list[int]:
+    """The ports of the nodes that hold data, node index i on the i-th."""
+    check_redis_topology(topology)
+    count = {"single": 1, "sentinel": SENTINEL_DATA_NODES, "cluster": CLUSTER_NODES}[topology]
+    return [base + i for i in range(count)]
+
+
+def redis_sentinel_ports(topology: str, base: int) -> list[int]:
+    """The Sentinels' ports (none outside the sentinel topology)."""
+    check_redis_topology(topology)
+    if topology != "sentinel":
+        return []
+    return [base + SENTINEL_PORT_OFFSET + i for i in range(SENTINELS)]
+
+
+def redis_listen_ports(topology: str, base: int) -> list[int]:
+    """Every port the topology's processes listen on (a cluster's bus ports too)."""
+    data = redis_data_ports(topology, base)
+    bus = [port + CLUSTER_BUS_OFFSET for port in data] if topology == "cluster" else []
+    return [*data, *bus, *redis_sentinel_ports(topology, base)]
+
+
+def redis_url(topology: str, base: int) -> str:
+    """The URL the proxy's `redis` setting takes for the topology (`dedup.redis_connect`)."""
+    check_redis_topology(topology)
+    if topology == "single":
+        return f"redis://{HOST}:{base}/0"
+    if topology == "sentinel":
+        sentinels = ",".join(f"{HOST}:{p}" for p in redis_sentinel_ports(topology, base))
+        return f"redis+sentinel://{sentinels}/{SENTINEL_MASTER}/0"
+    nodes = ",".join(f"{HOST}:{p}" for p in redis_data_ports(topology, base))
+    return f"redis+cluster://{nodes}"
+
+
+def redis_node_settings(topology: str, base: int, index: int) -> tuple[tuple[str, str], ...]:
+    """The `redis_config` extras of data node `index`: the sentinel topology's first
+    replicas follow node 0; cluster nodes run in cluster mode."""
+    check_redis_topology(topology)
+    if topology == "sentinel" and index > 0:
+        return (("replicaof", f"{HOST} {base}"),)
+    if topology == "cluster":
+        return (
+            ("cluster-enabled", "yes"),
+            ("cluster-config-file", "nodes.conf"),
+            ("cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS)),
+            # A replica takes over however long ago it last heard from its primary: on
+            # one machine an old replica is better than a slot range nobody serves.
+            ("cluster-replica-validity-factor", "0"),
+        )
+    return ()
+
+
+def sentinel_config(
+    port: int, primary_port: int, work_dir: Path, pid_file: Path, log_file: Path
+) -> str:
+    """One Sentinel watching the primary on `primary_port` (quorum 2 of 3). Sentinel rewrites
+    this file with what it learns (replicas, other Sentinels, the current primary), so it
+    is written once, when the topology is created."""
+    settings = [
+        ("bind", HOST),
+        ("port", str(port)),
+        ("daemonize", "no"),
+        ("set-proc-title", "no"),
+        ("pidfile", str(pid_file)),
+        ("logfile", str(log_file)),
+        ("dir", str(work_dir)),
+        ("sentinel monitor", f"{SENTINEL_MASTER} {HOST} {primary_port} {SENTINELS // 2 + 1}"),
+        ("sentinel down-after-milliseconds", f"{SENTINEL_MASTER} {SENTINEL_DOWN_AFTER_MS}"),
+        ("sentinel failover-timeout", f"{SENTINEL_MASTER} {SENTINEL_FAILOVER_TIMEOUT_MS}"),
+        ("sentinel parallel-syncs", f"{SENTINEL_MASTER} 1"),
     ]
     return "\n".join(f"{key} {value}" for key, value in settings) + "\n"
 

@@ -1,5 +1,6 @@
 """The local environment: a real Apache Kafka cluster (KRaft, 1 or 3 combined
-broker+controller nodes) and a private Redis, run as detached processes on loopback.
+broker+controller nodes) and a private Redis (one process, Sentinel-watched replicas, or a
+Redis Cluster: `deploy.local_redis`), run as detached processes on loopback.
 
 Everything lives under the state home (`$DEDUP_LOCAL_HOME`, else
 `${XDG_STATE_HOME:-~/.local/state}/kafka-dedup-proxy/local`):
@@ -9,6 +10,7 @@ Everything lives under the state home (`$DEDUP_LOCAL_HOME`, else
     redis/                       redis.conf, data/ (AOF), redis.log, process.log, redis.pid
     proxies/proxy-<i>/           proxy.toml, process.log (its JSON log lines), proxy.pid
                                  (`up --proxies N`: dedup-proxy instances proxy-1..N)
+    redis-sentinel/, redis-cluster/  the same per node of the other Redis topologies
 
 The data is disposable: asking for a different cluster shape recreates the cluster.
 
@@ -36,11 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import redis
 from confluent_kafka.admin import AdminClient
 
 from deploy import config, paths
-from deploy.config import DEFAULT_PROXY_PORT, HOST, Ports, ProxyInstance
+from deploy.config import DEFAULT_PROXY_PORT, HOST, REDIS_TOPOLOGIES, Ports, ProxyInstance
+from deploy.local_redis import LocalRedis, LocalRedisError
 from deploy.processes import (
     ManagedProcess,
     home_lock,
@@ -49,6 +51,8 @@ from deploy.processes import (
     tail,
     wait_port_closed,
 )
+
+DEFAULT_REDIS_TOPOLOGY = "single"
 
 STATE_VERSION = 1
 DEFAULT_START_TIMEOUT = 180.0
@@ -149,6 +153,7 @@ class _State:
     proxy_placement: str = "balanced"
     proxy_workers: int = 1
     proxy_port_base: int = DEFAULT_PROXY_PORT
+    redis_topology: str = DEFAULT_REDIS_TOPOLOGY
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -158,6 +163,7 @@ class _State:
             "kafka_port_base": self.kafka_port_base,
             "kafka_advertised_port_base": self.kafka_advertised_port_base,
             "redis_port": self.redis_port,
+            "redis_topology": self.redis_topology,
             "kafka_version": self.kafka_version,
             "proxies": self.proxies,
             "proxy_placement": self.proxy_placement,
@@ -181,6 +187,8 @@ class _State:
             proxy_placement=str(data.get("proxy_placement", "balanced")),
             proxy_workers=int(data.get("proxy_workers", 1)),
             proxy_port_base=int(data.get("proxy_port_base", DEFAULT_PROXY_PORT)),
+            # Absent from states written before Redis had topologies.
+            redis_topology=str(data.get("redis_topology", DEFAULT_REDIS_TOPOLOGY)),
         )
 
 
@@ -223,13 +231,16 @@ class LocalEnvironment:
             marker=str(node / "server.properties"),
         )
 
-    def _redis_process(self) -> ManagedProcess:
-        return ManagedProcess(
-            name="redis",
-            pid_file=self.redis_dir / "redis.pid",
-            log_file=self.redis_dir / "process.log",
-            marker=str(self.redis_dir / "redis.conf"),
-        )
+    def _redis(self, state: _State) -> LocalRedis:
+        return LocalRedis(self.home, state.redis_port, state.redis_topology)
+
+    def _every_redis_process(self) -> list[ManagedProcess]:
+        """The Redis processes of every topology (whichever ran last)."""
+        return [
+            proc
+            for topology in REDIS_TOPOLOGIES
+            for proc in LocalRedis(self.home, self.ports.redis, topology).processes()
+        ]
 
     def proxy_dir(self, index: int) -> Path:
         return self.home / "proxies" / f"proxy-{index}"
@@ -294,7 +305,7 @@ class LocalEnvironment:
         return EnvInfo(
             bootstrap=",".join(brokers.values()),
             brokers=brokers,
-            redis=f"redis://{HOST}:{state.redis_port}/0",
+            redis=config.redis_url(state.redis_topology, state.redis_port),
             proxies=tuple(ProxyInfo.of(proxy) for proxy in _proxy_plan(state)),
         )
 
@@ -326,13 +337,12 @@ class LocalEnvironment:
                 "log": str(self.node_dir(node) / "logs" / "server.log"),
             }
         result["nodes"] = nodes
-        redis_pid = self._redis_process().running_pid()
-        result["redis_process"] = {
-            "pid": redis_pid,
-            "running": redis_pid is not None,
-            "listening": redis_pid is not None and port_open(HOST, state.redis_port),
-            "log": str(self.redis_dir / "redis.log"),
-        }
+        # redis_nodes (and redis_sentinels) by index; redis_process is node 0's.
+        redis_status = self._redis(state).status()
+        result.update(redis_status)
+        first = dict(redis_status["redis_nodes"]["0"])
+        del first["address"]
+        result["redis_process"] = first
         proxies: dict[str, Any] = {}
         for proxy in _proxy_plan(state):
             pid = self._proxy_process(proxy.index).running_pid()
@@ -355,19 +365,24 @@ class LocalEnvironment:
         self,
         brokers: int = 1,
         timeout: float = DEFAULT_START_TIMEOUT,
+        redis: str = DEFAULT_REDIS_TOPOLOGY,
         proxies: int | None = None,
         placement: str | None = None,
         workers: int | None = None,
     ) -> EnvInfo:
         """Start whatever is not running and wait until Kafka reports all brokers in its
-        metadata and Redis answers PING. A different broker count (or Kafka port base)
-        than the recorded one tears the cluster down and creates a new one; different
-        advertised Kafka ports or Redis port only restart the processes concerned.
+        metadata and Redis is ready (`LocalRedis.wait_ready`). A different broker count (or
+        Kafka port base) than the recorded one tears the cluster down and creates a new one;
+        different advertised Kafka ports or Redis port only restart the processes concerned.
+        `redis` is the Redis topology (`config.REDIS_TOPOLOGIES`); another one than the
+        recorded one (or another Redis port) stops the old one and starts the new one, a
+        sentinel or cluster topology from empty data.
 
         ``proxies``: also run that many proxies (proxy-1..N, `config.plan_proxies`) in
         front of them, with ``placement`` and ``workers`` each, and wait until each is
         healthy; 0 stops them. None (and None for the other two) keeps what was recorded."""
         config.check_broker_count(brokers)
+        config.check_redis_topology(redis)
         with self._locked():
             state = self._load_state()
             recorded = state if state is not None else _State(brokers, "", 0, 0)
@@ -378,6 +393,7 @@ class LocalEnvironment:
                 config.plan_proxies(count, self.ports, brokers, placement, workers)
             except ValueError as exc:
                 raise LocalEnvError(str(exc)) from exc
+            previous = state
             if (
                 state is None
                 or state.brokers != brokers
@@ -388,10 +404,18 @@ class LocalEnvironment:
                 state = self._create_cluster(brokers)
             else:
                 state = self._adopt_ports(state)
+            state = dataclasses.replace(state, redis_topology=redis)
+            if previous is not None and (previous.redis_port, previous.redis_topology) != (
+                state.redis_port,
+                redis,
+            ):
+                stop_all(self._every_redis_process(), STOP_TIMEOUT)
+                if redis != "single":  # its files name the old ports, or another topology's
+                    self._redis(state).remove()
             self._save_state(state)
             nodes = list(range(state.brokers))
             self._start_nodes(state, [n for n in nodes if not self._node_process(n).is_running()])
-            self._ensure_redis(state)
+            self._start_redis_processes(state)
             deadline = time.monotonic() + timeout
             self._wait_for_brokers(state, set(nodes), set(nodes), deadline)
             self._wait_for_redis(state, deadline)
@@ -410,7 +434,7 @@ class LocalEnvironment:
         """Stop what must restart on new ports. Brokers keep their data: a restarted
         broker registers its new advertised listeners with the controller."""
         if state.redis_port != self.ports.redis:
-            stop_all([self._redis_process()], STOP_TIMEOUT)
+            stop_all(self._redis(state).processes(), STOP_TIMEOUT)
         if _advertised_base(state) != self.ports.advertised_base:
             stop_all([self._node_process(n) for n in range(state.brokers)], STOP_TIMEOUT)
         return dataclasses.replace(
@@ -426,7 +450,7 @@ class LocalEnvironment:
             # The proxies first: they drain what clients sent while Kafka still answers.
             self._stop_proxies(self._recorded_proxy_indexes())
             procs = [self._node_process(n) for n in self._recorded_node_ids()]
-            stop_all([*procs, self._redis_process()], STOP_TIMEOUT)
+            stop_all([*procs, *self._every_redis_process()], STOP_TIMEOUT)
             if purge:
                 for child in self.home.iterdir():
                     if child.name != "lock":
@@ -457,23 +481,58 @@ class LocalEnvironment:
                 state, running | {node_id}, {node_id}, time.monotonic() + timeout
             )
 
-    def kill_redis(self) -> bool:
-        """SIGKILL Redis; whether it was running."""
-        with self._locked():
-            state = self._require_state()
-            killed = self._redis_process().kill()
-            wait_port_closed(HOST, state.redis_port, 10.0)
-            return killed
+    @property
+    def redis_topology(self) -> str:
+        """The Redis topology as last brought up."""
+        return self._require_state().redis_topology
 
-    def start_redis(self, timeout: float = 30.0, empty: bool = False) -> None:
-        """Start Redis (if it is not running) and wait until it answers PING. ``empty``:
-        a stopped Redis loses its data first (a replaced or wiped Redis, for fault tests)."""
+    def redis_node(self, key: str | None = None) -> int:
+        """The Redis data node serving writes now: the one node, the Sentinels' primary,
+        or in a cluster the primary of `key`'s slot (`key` is required there)."""
         with self._locked():
             state = self._require_state()
-            if empty and not self._redis_process().is_running():
-                _remove(self.redis_dir / "data")
-            self._ensure_redis(state)
-            self._wait_for_redis(state, time.monotonic() + timeout)
+            local = self._redis(state)
+            try:
+                return local.primary() if key is None else local.owner(key)
+            except LocalRedisError as exc:
+                raise LocalEnvError(str(exc)) from exc
+
+    def kill_redis(self, node: int | None = None) -> bool:
+        """SIGKILL Redis data node `node` (None: the primary; a cluster needs a node);
+        whether it was running."""
+        if node is None:
+            node = self.redis_node()
+        with self._locked():
+            state = self._require_state()
+            try:
+                return self._redis(state).kill(node)
+            except LocalRedisError as exc:
+                raise LocalEnvError(str(exc)) from exc
+
+    def start_redis(
+        self, timeout: float = 60.0, empty: bool = False, node: int | None = None
+    ) -> None:
+        """Start Redis data node `node` (None: every Redis process that is not running)
+        and wait until it is ready. ``empty``: a stopped node loses its data first (a
+        replaced or wiped Redis, for fault tests; not in a cluster)."""
+        with self._locked():
+            state = self._require_state()
+            local = self._redis(state)
+            deadline = time.monotonic() + timeout
+            try:
+                if node is not None:
+                    local.start_node(node, deadline, empty=empty)
+                    return
+                if empty:
+                    if state.redis_topology == "cluster":
+                        raise LocalRedisError("a cluster node cannot start empty")
+                    for data_node in local.nodes():
+                        if not data_node.process.is_running():
+                            _remove(data_node.directory / "data")
+                local.start()
+                local.wait_ready(deadline)
+            except LocalRedisError as exc:
+                raise LocalEnvError(str(exc)) from exc
 
     def kill_proxy(self, index: int) -> bool:
         """SIGKILL one proxy, with its workers (its whole process group); whether it ran."""
@@ -705,47 +764,17 @@ class LocalEnvironment:
 
     # --- Redis --------------------------------------------------------------------------
 
-    def _ensure_redis(self, state: _State) -> None:
-        proc = self._redis_process()
-        if proc.is_running():
-            return
-        if not wait_port_closed(HOST, state.redis_port, 5.0):
-            raise LocalEnvError(
-                f"port {state.redis_port} is taken by a process this environment does not "
-                f"know; free it or set DEDUP_LOCAL_REDIS_PORT"
-            )
-        (self.redis_dir / "data").mkdir(parents=True, exist_ok=True)
-        conf = self.redis_dir / "redis.conf"
-        conf.write_text(
-            config.redis_config(
-                state.redis_port,
-                self.redis_dir / "data",
-                proc.pid_file,
-                self.redis_dir / "redis.log",
-            )
-        )
-        proc.start([paths.redis_server_executable(), str(conf)], cwd=self.redis_dir)
+    def _start_redis_processes(self, state: _State) -> None:
+        try:
+            self._redis(state).start()
+        except LocalRedisError as exc:
+            raise LocalEnvError(str(exc)) from exc
 
     def _wait_for_redis(self, state: _State, deadline: float) -> None:
-        proc = self._redis_process()
-        client = redis.Redis(host=HOST, port=state.redis_port, socket_timeout=1.0)
         try:
-            while True:
-                if not proc.is_running():
-                    log = self.redis_dir / "redis.log"
-                    raise LocalEnvError(
-                        f"redis exited during start; last lines of {log}:\n{tail(log)}\n"
-                        f"{tail(proc.log_file, 10)}"
-                    )
-                with contextlib.suppress(redis.RedisError):
-                    # LOADING (a long AOF replay) is a RedisError too: keep waiting.
-                    if client.ping():
-                        return
-                if time.monotonic() >= deadline:
-                    raise self._failure(proc, "timed out waiting for redis to answer PING")
-                time.sleep(0.1)
-        finally:
-            client.close()
+            self._redis(state).wait_ready(deadline)
+        except LocalRedisError as exc:
+            raise LocalEnvError(str(exc)) from exc
 
 
 def _metadata_brokers(address: str) -> set[int]:

@@ -103,15 +103,18 @@ PYSPARK_VERSION="$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__versio
 # --- Redis and kcat ----------------------------------------------------------------------
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# redis-cli forms the local Redis Cluster (`local up --redis cluster`); Sentinels run as
+# `redis-server --sentinel`, so Debian's redis-sentinel package is not needed.
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 if [ "${#missing[@]}" -gt 0 ]; then
     say "installing ${missing[*]}"
     apt_install "${missing[@]}"
-    for program in "${missing[@]}"; do
+    for program in "${missing[@]/redis-tools/redis-cli}"; do
         command -v "$program" >/dev/null 2>&1 || die "$program still missing after apt-get install"
     done
 else
-    say "redis-server and kcat present"
+    say "redis-server, redis-cli and kcat present"
 fi
 
 # --- Java >= 17 and Maven ----------------------------------------------------------------

@@ -71,6 +71,12 @@ LOCAL_PROXIES_ENV = Ports(kafka_base=21592, redis=16579, proxy_base=LOCAL_PROXY_
 # test_dedup_state: a bare redis-server.
 DEDUP_STATE_REDIS = 16679
 
+# test_redis_topologies: Redis with Sentinel (data nodes 16879-16881, Sentinels 16889-16891),
+# a Redis Cluster (nodes 16979-16984, cluster bus 26979-26984), and the proxy using either.
+SENTINEL_REDIS = 16879
+CLUSTER_REDIS = 16979
+REDIS_TOPOLOGY_PROXY = ProxyPorts(listen=29592, admin=29580, broker_base=29593)
+
 # test_toxiproxy: the broker listens on 24192 (replication 24242, controller 24292) and
 # advertises 24200, where a Toxiproxy link forwards to it; a TCP echo server sits behind a
 # second link.

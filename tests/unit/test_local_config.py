@@ -378,3 +378,49 @@ def test_env_info_json_with_proxies() -> None:
         }
     ]
     assert EnvInfo.from_json(data) == info
+
+
+def test_redis_topologies_take_ports_above_the_redis_port() -> None:
+    assert config.redis_data_ports("single", 16379) == [16379]
+    assert config.redis_listen_ports("sentinel", 16379) == [
+        16379,
+        16380,
+        16381,
+        16389,
+        16390,
+        16391,
+    ]
+    assert config.redis_listen_ports("cluster", 16379) == [
+        *range(16379, 16385),
+        *range(26379, 26385),
+    ]
+    with pytest.raises(ValueError, match="topology"):
+        config.redis_data_ports("ring", 16379)
+
+
+def test_redis_urls_name_the_topology() -> None:
+    assert config.redis_url("single", 16379) == "redis://127.0.0.1:16379/0"
+    assert config.redis_url("sentinel", 16379) == (
+        "redis+sentinel://127.0.0.1:16389,127.0.0.1:16390,127.0.0.1:16391/dedup/0"
+    )
+    assert config.redis_url("cluster", 16379) == "redis+cluster://" + ",".join(
+        f"127.0.0.1:{p}" for p in range(16379, 16385)
+    )
+
+
+def test_redis_node_configs_per_topology(tmp_path: Path) -> None:
+    replica = config.redis_config(
+        16380,
+        tmp_path,
+        tmp_path / "r.pid",
+        tmp_path / "r.log",
+        extra=config.redis_node_settings("sentinel", 16379, 1),
+    )
+    assert "replicaof 127.0.0.1 16379\n" in replica and "appendonly yes\n" in replica
+    assert config.redis_node_settings("sentinel", 16379, 0) == ()
+    cluster = dict(config.redis_node_settings("cluster", 16379, 3))
+    assert cluster["cluster-enabled"] == "yes"
+    sentinel = config.sentinel_config(
+        16389, 16379, tmp_path, tmp_path / "s.pid", tmp_path / "s.log"
+    )
+    assert "sentinel monitor dedup 127.0.0.1 16379 2\n" in sentinel

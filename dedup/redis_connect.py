@@ -1,0 +1,159 @@
+"""A Redis client from a URL: one Redis, Redis Sentinel, or Redis Cluster.
+
+- ``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]``, ``rediss://...`` (TLS), ``unix://...``:
+  one Redis, exactly as `redis.asyncio.from_url` reads them.
+- ``redis+sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]``: the
+  primary the Sentinels name ``MASTER_NAME``. The client asks the Sentinels for the primary's
+  address whenever it opens a connection; after a failover its connections to the old
+  primary fail (or get READONLY once it is demoted), are dropped, and the next ones go to
+  the new primary. The credentials are the data nodes'; the Sentinels are asked without any.
+- ``redis+cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]``: a Redis Cluster, found
+  from any of these nodes. The client routes each command to its slot's primary and
+  re-reads the slot map after a failover.
+
+A port left out is Redis's default (6379; 26379 for a Sentinel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote
+
+import redis.asyncio
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+# What `DedupState` and `PolicyStore` are given: one Redis (maybe a Sentinel-managed
+# primary) or a cluster.
+AnyRedis = redis.asyncio.Redis | RedisCluster
+
+SENTINEL_SCHEME = "redis+sentinel"
+CLUSTER_SCHEME = "redis+cluster"
+_SINGLE_SCHEMES = ("redis", "rediss", "unix")
+DEFAULT_PORT = 6379
+DEFAULT_SENTINEL_PORT = 26379
+SENTINEL_TIMEOUT_S = 1.0
+
+
+def redis_from_url(url: str, **kwargs: Any) -> AnyRedis:
+    """The client for `url` (see the module); `kwargs` go to every data connection
+    (e.g. ``socket_timeout``). A URL that is none of these raises ValueError."""
+    scheme, sep, _ = url.partition("://")
+    scheme = scheme.lower()
+    if not sep:
+        raise ValueError(f"not a Redis URL (no scheme://): {url!r}")
+    if scheme in _SINGLE_SCHEMES:
+        return redis.asyncio.from_url(url, **kwargs)
+    if scheme == SENTINEL_SCHEME:
+        return _sentinel(url, **kwargs)
+    if scheme == CLUSTER_SCHEME:
+        return _cluster(url, **kwargs)
+    known = ", ".join(f"{s}://" for s in (*_SINGLE_SCHEMES, SENTINEL_SCHEME, CLUSTER_SCHEME))
+    raise ValueError(f"unknown Redis URL scheme {scheme!r} in {url!r}: use one of {known}")
+
+
+def _sentinel(url: str, **kwargs: Any) -> redis.asyncio.Redis:
+    netloc, path_text = _split(url)
+    path = [unquote(p) for p in path_text.split("/")[1:]]
+    if path and path[-1] == "":
+        path.pop()  # a trailing slash
+    if not 1 <= len(path) <= 2 or not path[0]:
+        raise ValueError(
+            f"a Sentinel URL names the primary: "
+            f"{SENTINEL_SCHEME}://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB], not {url!r}"
+        )
+    db = _db(path[1], url) if len(path) == 2 else 0
+    hosts = _hosts(netloc, DEFAULT_SENTINEL_PORT, url)
+    credentials = _credentials(netloc)
+    # The Sentinels get the socket settings but not the data nodes' credentials; a Sentinel
+    # that does not answer within a second is skipped for the next one.
+    sentinel_kwargs = {
+        "socket_timeout": SENTINEL_TIMEOUT_S,
+        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        **{k: v for k, v in kwargs.items() if k.startswith("socket_")},
+    }
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    primary: _SentinelPrimary = sentinel.master_for(
+        path[0], redis_class=_SentinelPrimary, db=db, **credentials, **kwargs
+    )
+    return primary
+
+
+def _cluster(url: str, **kwargs: Any) -> RedisCluster:
+    netloc, path = _split(url)
+    if path not in ("", "/", "/0"):
+        raise ValueError(
+            f"a Redis Cluster has only database 0: "
+            f"{CLUSTER_SCHEME}://HOST:PORT[,HOST:PORT...], not {url!r}"
+        )
+    nodes = [ClusterNode(host, port) for host, port in _hosts(netloc, DEFAULT_PORT, url)]
+    return RedisCluster(startup_nodes=nodes, **_credentials(netloc), **kwargs)
+
+
+class _SentinelPrimary(redis.asyncio.Redis):
+    """The Sentinel-managed primary's client; closing it also closes its connections to
+    the Sentinels."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        pool = self.connection_pool
+        if isinstance(pool, SentinelConnectionPool):
+            for sentinel in pool.sentinel_manager.sentinels:
+                await sentinel.aclose()
+
+
+def _split(url: str) -> tuple[str, str]:
+    """(netloc, path) of a URL with several hosts, which urllib does not parse."""
+    rest = url.partition("://")[2]
+    if "?" in rest or "#" in rest:
+        raise ValueError(f"query parameters are not supported in {url!r}")
+    netloc, slash, path = rest.partition("/")
+    return netloc, slash + path
+
+
+def _hosts(netloc: str, default_port: int, url: str) -> list[tuple[str, int]]:
+    """HOST[:PORT],HOST[:PORT]... (an IPv6 host in brackets)."""
+    hosts = []
+    for item in netloc.rpartition("@")[2].split(","):
+        item = item.strip()
+        if item.startswith("["):
+            host, bracket, rest = item[1:].partition("]")
+            if not bracket or (rest and not rest.startswith(":")):
+                raise ValueError(f"malformed host {item!r} in {url!r}")
+            port_text = rest[1:]
+        else:
+            host, _, port_text = item.partition(":")
+        if not host:
+            raise ValueError(f"a host is missing in {url!r}")
+        try:
+            port = int(port_text) if port_text else default_port
+        except ValueError:
+            raise ValueError(f"bad port {port_text!r} in {url!r}") from None
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} out of range in {url!r}")
+        hosts.append((host, port))
+    return hosts
+
+
+def _credentials(netloc: str) -> dict[str, Any]:
+    """USER:PASSWORD@ as redis-py's own URLs read it."""
+    userinfo, at, _ = netloc.rpartition("@")
+    if not at:
+        return {}
+    user, colon, password = userinfo.partition(":")
+    found: dict[str, Any] = {}
+    if user:
+        found["username"] = unquote(user)
+    if colon and password:
+        found["password"] = unquote(password)
+    return found
+
+
+def _db(text: str, url: str) -> int:
+    try:
+        db = int(text)
+    except ValueError:
+        raise ValueError(f"bad database number {text!r} in {url!r}") from None
+    if db < 0:
+        raise ValueError(f"bad database number {text!r} in {url!r}")
+    return db

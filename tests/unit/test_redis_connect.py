@@ -1,0 +1,84 @@
+"""`dedup.redis_connect`: which client a URL gives, and the URLs it refuses (no server)."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import SentinelConnectionPool
+
+from dedup.redis_connect import redis_from_url
+
+
+async def test_a_plain_url_is_one_redis_as_from_url_reads_it() -> None:
+    client = redis_from_url("redis://:secret@127.0.0.1:6390/4")
+    assert type(client) is redis.asyncio.Redis
+    kwargs = client.connection_pool.connection_kwargs
+    assert (kwargs["host"], kwargs["port"], kwargs["db"], kwargs["password"]) == (
+        "127.0.0.1",
+        6390,
+        4,
+        "secret",
+    )
+    await client.aclose()
+
+
+async def test_a_sentinel_url_names_the_sentinels_the_primary_and_the_db() -> None:
+    client = redis_from_url("redis+sentinel://user:pw@h1:26380,h2,[::1]:26390/primary/2")
+    assert isinstance(client, redis.asyncio.Redis)
+    pool = client.connection_pool
+    assert isinstance(pool, SentinelConnectionPool)
+    assert pool.service_name == "primary"
+    assert pool.connection_kwargs["db"] == 2
+    assert (pool.connection_kwargs["username"], pool.connection_kwargs["password"]) == (
+        "user",
+        "pw",
+    )
+    sentinels = [
+        (s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+        for s in pool.sentinel_manager.sentinels
+    ]
+    assert sentinels == [("h1", 26380), ("h2", 26379), ("::1", 26390)]
+    # The Sentinels are asked without the data nodes' credentials.
+    sentinel_kwargs = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+    assert sentinel_kwargs.get("password") is None
+    await client.aclose()
+
+
+async def test_a_sentinel_url_defaults_to_db_0() -> None:
+    client = redis_from_url("redis+sentinel://127.0.0.1:26379/mymaster/")
+    assert client.connection_pool.connection_kwargs["db"] == 0
+    await client.aclose()
+
+
+async def test_a_cluster_url_gives_a_cluster_client_with_every_startup_node() -> None:
+    client = redis_from_url("redis+cluster://127.0.0.1:7000,127.0.0.1:7001,other")
+    assert isinstance(client, RedisCluster)
+    assert sorted(client.nodes_manager.startup_nodes) == [
+        "127.0.0.1:7000",
+        "127.0.0.1:7001",
+        "other:6379",
+    ]
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("127.0.0.1:6379", "no scheme"),
+        ("http://127.0.0.1", "unknown Redis URL scheme 'http'"),
+        ("redis+sentinel://127.0.0.1:26379", "names the primary"),
+        ("redis+sentinel://127.0.0.1:26379/", "names the primary"),
+        ("redis+sentinel://127.0.0.1:26379/m/1/2", "names the primary"),
+        ("redis+sentinel://127.0.0.1:26379/m/x", "bad database number 'x'"),
+        ("redis+sentinel://127.0.0.1:x/m", "bad port 'x'"),
+        ("redis+sentinel://h:70000/m", "out of range"),
+        ("redis+cluster://127.0.0.1:7000/1", "only database 0"),
+        ("redis+cluster://127.0.0.1:7000,:7001", "host is missing"),
+        ("redis+cluster://[::1:7000", "malformed host"),
+        ("redis+cluster://127.0.0.1:7000?timeout=1", "query parameters"),
+    ],
+)
+def test_a_bad_url_is_a_clear_value_error(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        redis_from_url(url)
