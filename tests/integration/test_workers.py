@@ -21,14 +21,16 @@ from confluent_kafka import Producer
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
 from deploy.processes import port_open
-from tests.support.kafka_io import values
+from tests.support.kafka_io import read_all
 from tests.support.ports import WORKERS
+from tests.support.topics import new_topic
 from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 HOST = "127.0.0.1"
 PRODUCERS = 12
+PARTITIONS = 16
 
 
 def _produce_requests(admin_url: str) -> float:
@@ -82,7 +84,7 @@ def _pids_alive(pids: list[int]) -> list[int]:
 
 
 def test_two_workers_serve_one_bootstrap_port_and_stop_cleanly(
-    workers: ProxyProcess, local_env: EnvInfo, topic: str
+    workers: ProxyProcess, local_env: EnvInfo
 ) -> None:
     pids = workers.worker_pids()
     assert None not in pids and len(set(pids)) == 2
@@ -91,18 +93,21 @@ def test_two_workers_serve_one_bootstrap_port_and_stop_cleanly(
     assert port_open(HOST, WORKERS.broker_base) and port_open(HOST, WORKERS.broker_base + 100)
 
     # Producers through the shared bootstrap port: the kernel spreads their connections
-    # over the workers, and whichever worker each reaches, every record lands once.
+    # over the workers, the workers share the partitions (each has one owner, and clients
+    # are sent to it), and every record lands once.
+    spread = new_topic(local_env.bootstrap, partitions=PARTITIONS)
     sent: list[bytes] = []
     for producer_index in range(PRODUCERS):
         producer = Producer({"bootstrap.servers": workers.bootstrap, "acks": "all"})
         for sequence in range(20):
             value = f"{producer_index}-{sequence}".encode()
             headers = {"dedup.producer": f"w-{producer_index}", "dedup.sequence": str(sequence)}
-            producer.produce(topic, value, headers=headers)
+            producer.produce(spread, value, headers=headers, partition=sequence % PARTITIONS)
             sent.append(value)
         assert producer.flush(30) == 0
-    assert sorted(values(local_env.bootstrap, topic)) == sorted(sent)
-    # Both workers served some of them (all on one: 2 ** -(PRODUCERS - 1) by chance).
+    written = [v for p in range(PARTITIONS) for v, _ in read_all(local_env.bootstrap, spread, p)]
+    assert sorted(written) == sorted(sent)
+    # Both workers own partitions, so both wrote (all on one: 2 ** -(PARTITIONS - 1)).
     produce_requests = [_produce_requests(url) for url in workers.worker_admin_urls()]
     assert all(count > 0 for count in produce_requests), produce_requests
 
