@@ -256,15 +256,18 @@ def _settle(group: Group, load: Load, topic: str) -> int:
 def _recovered_at(
     group: Group, topic: str, since: float, old: int, done: threading.Event
 ) -> list[float]:
-    """Polls the instances until one holds the partition and finished a recovery since."""
+    """Polls the instances until one holds the partition and finished a recovery since
+    (the old owner counts only as its restarted process, whose counters start at 0)."""
     found: list[float] = []
-    baseline = {
-        i: (0.0 if i == old else (_metric(i, RECOVERIES_OK) or 0.0)) for i in range(INSTANCES)
-    }
+    old_pid = (_get_json(old, "/healthz") or {}).get("pid")
+    baseline = {i: (_metric(i, RECOVERIES_OK) or 0.0) for i in range(INSTANCES) if i != old}
+    baseline[old] = 0.0
 
     def poll() -> None:
         while not done.is_set() and time.monotonic() - since < 120:
             for i in group.holders(topic, WATCHED):
+                if i == old and (_get_json(old, "/healthz") or {}).get("pid") == old_pid:
+                    continue
                 ok, recovering = _metric(i, RECOVERIES_OK), _metric(i, RECOVERING)
                 if ok is not None and ok > baseline[i] and not recovering:
                     found.append(time.monotonic())
@@ -284,7 +287,7 @@ def one_handoff(
     done = threading.Event()
     signalled = time.monotonic()
     load.watch(signalled)
-    recovery = _recovered_at(group, topic, signalled, old, done)
+    recovery = _recovered_at(group, topic, signalled, old, done)  # before the signal
     if kind == "kill":
         process.kill()
     else:
