@@ -13,8 +13,9 @@ after it is gone, as a supervisor would. Per event:
   signal come back in order before it, so this overstates by at most one batch). For a
   graceful stop this is small: the old owner keeps serving until it hands over;
 - **stall**: the longest time partition 0 went without an acknowledgement, from the last
-  one before the signal to ``STALL_WINDOW_S`` after the first one after it: the pause
-  writers see, whichever instance answered;
+  one before the signal to the first one ``STALL_WINDOW_S`` or more after the "handoff"
+  acknowledgement: the pause writers see, whichever instance answered (a graceful stop can
+  move the partition twice: away, and back when the instance rejoins);
 - **recovery**: from the signal to the moment an instance holds the partition's lease and
   has finished a recovery since (``dedup_recoveries_total{result="ok"}`` grown, nothing
   left recovering), from the instances' metrics polled every ``POLL_S``: approximate (the
@@ -42,6 +43,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -254,16 +256,16 @@ def _settle(group: Group, load: Load, topic: str) -> int:
 
 
 def _recovered_at(
-    group: Group, topic: str, since: float, old: int, done: threading.Event
-) -> list[float]:
-    """Polls the instances until one holds the partition and finished a recovery since
+    group: Group, topic: str, old: int, done: threading.Event, found: list[float]
+) -> Callable[[float], None]:
+    """Takes the baselines now; the function returned starts a thread that polls the
+    instances from ``since`` until one holds the partition and finished a recovery since
     (the old owner counts only as its restarted process, whose counters start at 0)."""
-    found: list[float] = []
     old_pid = (_get_json(old, "/healthz") or {}).get("pid")
     baseline = {i: (_metric(i, RECOVERIES_OK) or 0.0) for i in range(INSTANCES) if i != old}
     baseline[old] = 0.0
 
-    def poll() -> None:
+    def poll(since: float) -> None:
         while not done.is_set() and time.monotonic() - since < 120:
             for i in group.holders(topic, WATCHED):
                 if i == old and (_get_json(old, "/healthz") or {}).get("pid") == old_pid:
@@ -274,8 +276,10 @@ def _recovered_at(
                     return
             time.sleep(POLL_S)
 
-    threading.Thread(target=poll, name="handoff-recovery", daemon=True).start()
-    return found
+    def start(since: float) -> None:
+        threading.Thread(target=poll, args=(since,), name="handoff-recovery", daemon=True).start()
+
+    return start
 
 
 def one_handoff(
@@ -285,9 +289,12 @@ def one_handoff(
     process = group.processes[old]
     assert process is not None
     done = threading.Event()
+    recovery: list[float] = []
+    # The baselines first: what counts starts at the signal, with nothing in between.
+    poller = _recovered_at(group, topic, old, done, recovery)
     signalled = time.monotonic()
     load.watch(signalled)
-    recovery = _recovered_at(group, topic, signalled, old, done)  # before the signal
+    poller(signalled)
     if kind == "kill":
         process.kill()
     else:
@@ -301,8 +308,11 @@ def one_handoff(
         _wait(lambda: bool(recovery), 60, f"{topic}/{WATCHED} recovered")
     else:
         time.sleep(1)  # a graceful handoff's recovery is quick, if it is seen at all
-    time.sleep(max(0.0, load.first_ack + STALL_WINDOW_S - time.monotonic()))
-    stall = load.stall(load.first_ack + STALL_WINDOW_S)
+    # The stall window closes at an acknowledgement, so a pause still open at its end is
+    # measured whole.
+    until = load.first_ack + STALL_WINDOW_S
+    _wait(lambda: load.last_ack[WATCHED] > until, 120, f"{topic}/{WATCHED} written on")
+    stall = load.stall(load.last_ack[WATCHED])
     done.set()
     holders = group.holders(topic, WATCHED)
     row = HandoffRow(

@@ -8,6 +8,7 @@ brokers behind Toxiproxy), brought up once for the module.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,7 +32,8 @@ FAULT = FaultSettings(fault_s=4.0)
 
 @pytest.fixture(scope="module")
 def topology() -> Iterator[ChaosTopology]:
-    chaos = ChaosTopology()
+    # As the command: DEDUP_CHAOS_PORT_SHIFT moves every port when the planned ones are taken.
+    chaos = ChaosTopology(int(os.environ.get("DEDUP_CHAOS_PORT_SHIFT", "0")))
     chaos.up()
     yield chaos
     chaos.down()
