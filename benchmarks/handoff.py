@@ -9,9 +9,10 @@ partitions. Then, in turn, the owner of partition 0 (the instance whose
 after it is gone, as a supervisor would. Per event:
 
 - **handoff**: from the signal to the first record of partition 0 acknowledged again (the
-  first acknowledgement of a record sent after the signal: records in flight at the
-  signal come back in order before it, so this overstates by at most one batch). For a
-  graceful stop this is small: the old owner keeps serving until it hands over;
+  first acknowledgement of a record sent after the signal, or after the killed process
+  was reaped: records in flight at the signal come back in order before it, so this
+  overstates by at most one batch). A stopping owner may still answer records that
+  arrive before it stops admitting the partition, so for SIGTERM it can be near 0;
 - **stall**: the longest time partition 0 went without an acknowledgement, from the last
   one before the signal to the first one ``STALL_WINDOW_S`` or more after the "handoff"
   acknowledgement: the pause writers see, whichever instance answered (a graceful stop can
@@ -297,6 +298,9 @@ def one_handoff(
     poller(signalled)
     if kind == "kill":
         process.kill()
+        # Only records sent once it is gone count: one sent in the moment before could
+        # still be answered by it.
+        load.watch(time.monotonic())
     else:
         process.stop(timeout_s=60)  # drains, hands over, leaves
     time.sleep(0.5)

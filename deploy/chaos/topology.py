@@ -37,6 +37,8 @@ from deploy.config import Ports
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvError, LocalEnvironment
 from deploy.toxiproxy import Toxiproxy, ToxiproxyServer
+from proxy.kafka.api_keys import ApiKey
+from proxy.kafka.schemas import api_name
 
 BROKERS: Final = 3
 KAFKA_BASE: Final = 22092  # brokers listen here (+ node id); controllers at +100
@@ -56,7 +58,7 @@ HOST: Final = "127.0.0.1"
 MULTI_INSTANCES: Final = 3
 MULTI_PORT_BASE: Final = 31000
 MULTI_LEASE_SETTINGS: Final = {"DEDUP_PROXY_LEASE_TTL_S": "3", "DEDUP_PROXY_HEARTBEAT_S": "0.5"}
-PRODUCE_REQUESTS: Final = 'dedup_proxy_requests_total{api="Produce"}'
+PRODUCE_REQUESTS: Final = f'dedup_proxy_requests_total{{api="{api_name(ApiKey.PRODUCE)}"}}'
 
 log = structlog.get_logger(__name__)
 
@@ -241,6 +243,8 @@ class ChaosTopology:
         before = [produce_requests(p) for p in self.proxies]
         time.sleep(0.3)
         grown = [produce_requests(p) - b for p, b in zip(self.proxies, before, strict=True)]
+        if max(grown) <= 0:
+            raise RuntimeError(f"no instance holds {name} and none is taking Produce requests")
         return grown.index(max(grown))
 
     # ------------------------------------------------------------------ addresses
