@@ -21,9 +21,11 @@ are short (`MULTI_LEASE_SETTINGS`) so that a killed owner's partitions move with
 from __future__ import annotations
 
 import json
-import time
+import threading
+import urllib.error
 import urllib.request
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +60,8 @@ HOST: Final = "127.0.0.1"
 MULTI_INSTANCES: Final = 3
 MULTI_PORT_BASE: Final = 31000
 MULTI_LEASE_SETTINGS: Final = {"DEDUP_PROXY_LEASE_TTL_S": "3", "DEDUP_PROXY_HEARTBEAT_S": "0.5"}
+PRODUCE_SAMPLE_S: Final = 0.25  # how often a group's Produce request counts are sampled
+PRODUCE_WINDOW: Final = 8  # samples kept: the last two seconds
 PRODUCE_REQUESTS: Final = f'dedup_proxy_requests_total{{api="{api_name(ApiKey.PRODUCE)}"}}'
 
 log = structlog.get_logger(__name__)
@@ -119,6 +123,11 @@ class ChaosTopology:
     toxiproxy: ToxiproxyServer = field(init=False)
     info: EnvInfo | None = None
     proxies: list[ProxyProcess] = field(default_factory=list)
+    # A group's Produce request counts, sampled in the background (`owner_of`, dedup off).
+    _produce_counts: deque[list[float | None]] = field(
+        default_factory=lambda: deque(maxlen=PRODUCE_WINDOW), repr=False
+    )
+    _stop_sampling: threading.Event | None = field(default=None, repr=False)
     dedup: bool = True
     log_dir: Path = field(default_factory=lambda: Path("."))
     key_prefix: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:8]}")
@@ -165,7 +174,22 @@ class ChaosTopology:
             self._instance(i, instances, self._instance_log(log_path, i, instances))
             for i in range(instances)
         ]
+        if instances > 1:
+            self._sample_produce_counts()
         return self.proxies[0]
+
+    def _sample_produce_counts(self) -> None:
+        """Each instance's Produce request count every PRODUCE_SAMPLE_S, the last ones kept:
+        which instance a producer writes through shows in them even while the producer's
+        own thread is held up (a scenario's `inject` runs on it)."""
+        stop = self._stop_sampling = threading.Event()
+        self._produce_counts.clear()
+
+        def sample() -> None:
+            while not stop.wait(PRODUCE_SAMPLE_S):
+                self._produce_counts.append([produce_requests(p) for p in list(self.proxies)])
+
+        threading.Thread(target=sample, name="chaos-produce-counts", daemon=True).start()
 
     def _instance(self, index: int, instances: int, log_path: Path) -> ProxyProcess:
         assert self.info is not None
@@ -222,6 +246,9 @@ class ChaosTopology:
         return self.proxies[index]
 
     def stop_proxy(self) -> None:
+        if self._stop_sampling is not None:
+            self._stop_sampling.set()
+            self._stop_sampling = None
         for process in self.proxies:
             process.stop()
         self.proxies = []
@@ -235,14 +262,19 @@ class ChaosTopology:
     def owner_of(self, topic: str, partition: int) -> int:
         """The index of the instance holding the partition's lease (GET /v1/ownership of
         each). With dedup off nobody holds it: then the instance the producer writes
-        through, the one whose Produce requests grow fastest."""
+        through, the one whose Produce requests grew most in the last samples (a producer
+        writes a partition through the instance whose metadata it got: each names itself
+        the leader of a partition without dedup)."""
         name = f"{topic}/{partition}"
         holders = [i for i, p in enumerate(self.proxies) if name in ownership(p).get("held", [])]
         if holders:
             return holders[0]
-        before = [produce_requests(p) for p in self.proxies]
-        time.sleep(0.3)
-        grown = [produce_requests(p) - b for p, b in zip(self.proxies, before, strict=True)]
+        window = list(self._produce_counts)
+        grown = [0.0] * len(self.proxies)
+        if len(window) >= 2:
+            for i, (old, new) in enumerate(zip(window[0], window[-1], strict=False)):
+                if old is not None and new is not None:
+                    grown[i] = max(0.0, new - old)
         if max(grown) <= 0:
             raise RuntimeError(f"no instance holds {name} and none is taking Produce requests")
         return grown.index(max(grown))
@@ -364,10 +396,15 @@ def ownership(process: ProxyProcess) -> dict[str, Any]:
         return data
 
 
-def produce_requests(process: ProxyProcess) -> float:
+def produce_requests(process: ProxyProcess) -> float | None:
+    """Its Produce requests so far; None when it does not answer (killed, restarting)."""
+    try:
+        text = process.metrics_text()
+    except (urllib.error.URLError, OSError):
+        return None
     return sum(
         float(line.rsplit(" ", 1)[1])
-        for line in process.metrics_text().splitlines()
+        for line in text.splitlines()
         if line.startswith(PRODUCE_REQUESTS)
     )
 
