@@ -184,6 +184,7 @@ class ChaosTopology:
         own thread is held up (a scenario's `inject` runs on it)."""
         stop = self._stop_sampling = threading.Event()
         self._produce_counts.clear()
+        self._produce_counts.append([produce_requests(p) for p in self.proxies])
 
         def sample() -> None:
             while not stop.wait(PRODUCE_SAMPLE_S):
@@ -262,19 +263,20 @@ class ChaosTopology:
     def owner_of(self, topic: str, partition: int) -> int:
         """The index of the instance holding the partition's lease (GET /v1/ownership of
         each). With dedup off nobody holds it: then the instance the producer writes
-        through, the one whose Produce requests grew most in the last samples (a producer
-        writes a partition through the instance whose metadata it got: each names itself
-        the leader of a partition without dedup)."""
+        through, the one whose Produce requests grew most since the oldest sample kept (a
+        producer writes a partition through the instance whose metadata it got: each names
+        itself the leader of a partition without dedup). The producer's thread is held
+        while this runs, so the growth is counted up to now rather than over a pause."""
         name = f"{topic}/{partition}"
         holders = [i for i, p in enumerate(self.proxies) if name in ownership(p).get("held", [])]
         if holders:
             return holders[0]
-        window = list(self._produce_counts)
+        oldest = self._produce_counts[0] if self._produce_counts else []
+        now = [produce_requests(p) for p in self.proxies]
         grown = [0.0] * len(self.proxies)
-        if len(window) >= 2:
-            for i, (old, new) in enumerate(zip(window[0], window[-1], strict=False)):
-                if old is not None and new is not None:
-                    grown[i] = max(0.0, new - old)
+        for i, (old, new) in enumerate(zip(oldest, now, strict=False)):
+            if old is not None and new is not None:
+                grown[i] = max(0.0, new - old)
         if max(grown) <= 0:
             raise RuntimeError(f"no instance holds {name} and none is taking Produce requests")
         return grown.index(max(grown))
