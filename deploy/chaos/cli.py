@@ -69,7 +69,12 @@ def run(
     ] = "local",
 ) -> None:
     """Run a scenario; exit 1 if any dedup-on run shows a duplicate, a loss or a jump."""
-    names = list(SCENARIOS) if scenario == "all" else scenario.split(",")
+    # "all" is every scenario the backend can run; one named that it cannot is refused below.
+    names = (
+        [n for n, s in SCENARIOS.items() if backend in s.backends]
+        if scenario == "all"
+        else scenario.split(",")
+    )
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise typer.BadParameter(f"unknown scenario {unknown[0]!r}; one of {', '.join(SCENARIOS)}")
@@ -85,6 +90,12 @@ def run(
         )
     if backend not in BACKENDS:
         raise typer.BadParameter(f"--backend must be one of {', '.join(BACKENDS)}")
+    refused = [n for n in names if backend not in SCENARIOS[n].backends]
+    if refused:
+        raise typer.BadParameter(
+            f"scenario {refused[0]!r} cannot run on the {backend} backend (it runs on: "
+            f"{', '.join(SCENARIOS[refused[0]].backends)}); use --backend local"
+        )
     root = results or Path("chaos-results") / f"{time.strftime('%Y%m%d-%H%M%S')}-{backend}"
     root.mkdir(parents=True, exist_ok=True)
     # Which backend made these results, beside the CSVs, so runs compare side by side.

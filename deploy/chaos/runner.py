@@ -52,7 +52,11 @@ def run_plan(
     writer = ResultsWriter(results, f"test-{plan.scenario.name}")
     outcomes = []
     for dedup in plan.dedup:
-        topology.start_proxy(dedup, results / f"proxy-dedup-{'on' if dedup else 'off'}.log")
+        topology.start_proxy(
+            dedup,
+            results / f"proxy-dedup-{'on' if dedup else 'off'}.log",
+            instances=plan.scenario.instances,
+        )
         try:
             for number in range(1, plan.runs + 1):
                 outcome = _one_run(plan, topology, results, dedup, number, progress)

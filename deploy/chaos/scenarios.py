@@ -14,6 +14,11 @@ but unacknowledged batch behind, and the control of ``kill-leader`` shows nothin
 - ``kill-leader``: SIGKILL of the partition's leader, its connections dropped at once as
   when its host dies; it is restarted after ``fault_s``.
 - ``kill-proxy``: SIGKILL of the proxy, restarted half a second later.
+- ``kill-proxy-multi``: three proxy instances in one group (one Redis key prefix, short
+  leases: `deploy.chaos.topology.MULTI_LEASE_SETTINGS`), the producer bootstrapping
+  through all three; SIGKILL of the instance that owns the partition (its lease holder,
+  from ``GET /v1/ownership``; with dedup off, the instance the producer writes through),
+  restarted half a second later. Local processes only.
 - ``redis-flush``: FLUSHDB, and the client connections cut for ``fault_s``.
 - ``redis-restart``: Redis killed and restarted empty, and the client connections cut.
 - ``slow-network``: ``slow_latency_ms`` (100, the seed's figure for Pulsar) on every hop
@@ -31,7 +36,7 @@ from typing import Final
 import structlog
 from confluent_kafka.admin import AdminClient
 
-from deploy.chaos.topology import Topology, broker_link
+from deploy.chaos.topology import MULTI_INSTANCES, Topology, broker_link
 from deploy.toxiproxy import BackgroundCuts
 
 log = structlog.get_logger(__name__)
@@ -59,6 +64,8 @@ class Scenario:
         _slow_brokers(topo, settings)
     )
     after_run: Callable[[Topology], None] = lambda topology: _clear_latency(topology)
+    instances: int = 1  # proxy instances in one group
+    backends: tuple[str, ...] = ("local", "containers")  # where the scenario can run
 
 
 class _Cuts:
@@ -115,6 +122,14 @@ def _kill_and_restart_proxy(topology: Topology, _topic: str, _settings: FaultSet
     topology.restart_proxy(topology.log_dir / f"proxy-restarted-{time.time_ns()}.log")
 
 
+def _kill_and_restart_owner(topology: Topology, topic: str, _settings: FaultSettings) -> None:
+    index = topology.kill_owner(topic, 0)
+    time.sleep(0.5)
+    topology.restart_instance(
+        index, topology.log_dir / f"proxy-inst{index}-restarted-{time.time_ns()}.log"
+    )
+
+
 def _nothing_to_heal(_topology: Topology, _settings: FaultSettings, _logs: Path) -> None:
     return
 
@@ -165,6 +180,14 @@ SCENARIOS: Final = {
             "the proxy SIGKILLed and restarted",
             _kill_and_restart_proxy,
             _nothing_to_heal,
+        ),
+        Scenario(
+            "kill-proxy-multi",
+            "three instances in a group; the partition's owner SIGKILLed and restarted",
+            _kill_and_restart_owner,
+            _nothing_to_heal,
+            instances=MULTI_INSTANCES,
+            backends=("local",),
         ),
         Scenario(
             "redis-flush",
