@@ -146,8 +146,7 @@ class OwnedLeaderHintsFilter(_NodesFilter):
     ) -> bool:
         if version < self._first_version:
             return False
-        hosts = context.topology.upstream_hosts()
-        return any(payload.find(host, body_start) >= 0 for host in hosts)
+        return context.topology.names_upstream_host(payload, body_start)
 
     async def _rewrite(self, version: int, response: Any) -> Any:
         endpoints = getattr(response, "node_endpoints", ())

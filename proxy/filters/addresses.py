@@ -113,8 +113,7 @@ class NodeEndpointsFilter(_AddressFilter):
     ) -> bool:
         if version < self.first_version:
             return False
-        hosts = context.topology.upstream_hosts()
-        return any(payload.find(host, body_start) >= 0 for host in hosts)
+        return context.topology.names_upstream_host(payload, body_start)
 
     async def _rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
         endpoints = getattr(response, "node_endpoints", ())

@@ -88,6 +88,11 @@ class Topology:
         """Host names as they appear on the wire; a response without any needs no rewrite."""
         return {endpoint.host.encode() for endpoint in self._upstream.values()}
 
+    def names_upstream_host(self, payload: bytes, start: int) -> bool:
+        """Whether raw bytes from ``start`` on contain an upstream host name: the cheap test
+        before decoding a large response that may carry broker endpoints (KIP-951)."""
+        return any(payload.find(host, start) >= 0 for host in self.upstream_hosts())
+
     async def observe(self, brokers: Iterable[tuple[int, str, int]], complete: bool) -> None:
         """Record brokers seen in a response.
 
