@@ -63,6 +63,15 @@ class ResultsWriter:
             handle.writelines(event.log_line(result.run) + "\n" for event in result.jumps)
 
 
+def describe_runs(outcomes: list[RunResult]) -> str:
+    """One line per run, for a failed check: dedup, duplicates, lost, jumps, counts."""
+    return "; ".join(
+        f"dedup={o.dedup_enabled} dups={o.msgs_with_dups} lost={o.not_received} "
+        f"jumps={len(o.jumps)} sent={o.send_count} received={o.received}"
+        for o in outcomes
+    )
+
+
 def read_rows(csv_path: Path) -> list[Row]:
     """The rows of a results CSV, each equal to the `RunResult.row` it was written from.
     Also reads the seed's own files (one of its listings names the first column

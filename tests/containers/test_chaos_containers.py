@@ -13,7 +13,7 @@ import pytest
 
 from deploy.chaos.classify import RunResult
 from deploy.chaos.containers import ContainerTopology
-from deploy.chaos.report import summarize
+from deploy.chaos.report import describe_runs, summarize
 from deploy.chaos.runner import RunPlan, run_plan
 from deploy.chaos.scenarios import SCENARIOS, FaultSettings
 from deploy.containers.engine import Engine
@@ -37,14 +37,6 @@ def topology(engine: Engine) -> Iterator[ContainerTopology]:
         chaos.down()
 
 
-def _describe(outcomes: list[RunResult]) -> str:
-    return "; ".join(
-        f"dedup={o.dedup_enabled} dups={o.msgs_with_dups} lost={o.not_received} "
-        f"jumps={len(o.jumps)} sent={o.send_count} received={o.received}"
-        for o in outcomes
-    )
-
-
 @pytest.mark.parametrize("scenario", ["kill-proxy", "kill-tcp"])
 def test_scenario_control_fails_and_dedup_is_clean(
     topology: ContainerTopology, tmp_path: Path, scenario: str
@@ -60,11 +52,11 @@ def test_scenario_control_fails_and_dedup_is_clean(
             break
     assert any(o.msgs_with_dups > 0 for o in control), (
         f"the control of {scenario} shows no duplicate: the scenario stresses nothing; "
-        + _describe(control)
+        + describe_runs(control)
     )
     plan = RunPlan(SCENARIOS[scenario], 1, MESSAGES, FAIL_AT, (True,), fault=FAULT)
     dedup = run_plan(plan, topology, tmp_path / "dedup", lambda *_: None)
     summary = summarize(tmp_path / "dedup" / f"test-{scenario}_dedup_output.csv")
-    assert summary.dedup_on_clean, _describe(dedup)
-    assert all(o.msgs_with_dups == 0 for o in dedup), _describe(dedup)
-    assert all(o.not_received == 0 and o.received == MESSAGES for o in dedup), _describe(dedup)
+    assert summary.dedup_on_clean, describe_runs(dedup)
+    assert all(o.msgs_with_dups == 0 for o in dedup), describe_runs(dedup)
+    assert all(o.not_received == 0 and o.received == MESSAGES for o in dedup), describe_runs(dedup)

@@ -18,7 +18,7 @@ import pytest
 
 from deploy.chaos.classify import RunResult
 from deploy.chaos.producers import Client
-from deploy.chaos.report import summarize
+from deploy.chaos.report import describe_runs, summarize
 from deploy.chaos.runner import RunPlan, run_plan
 from deploy.chaos.scenarios import SCENARIOS, FaultSettings
 from deploy.chaos.topology import ChaosTopology
@@ -40,14 +40,6 @@ def topology() -> Iterator[ChaosTopology]:
     chaos.down()
 
 
-def _describe(outcomes: list[RunResult]) -> str:
-    return "; ".join(
-        f"dedup={o.dedup_enabled} dups={o.msgs_with_dups} lost={o.not_received} "
-        f"jumps={len(o.jumps)} sent={o.send_count} received={o.received}"
-        for o in outcomes
-    )
-
-
 @pytest.mark.parametrize("scenario", [n for n, s in SCENARIOS.items() if s.instances == 1])
 def test_scenario_control_fails_and_dedup_is_clean(
     topology: ChaosTopology, tmp_path: Path, scenario: str
@@ -57,11 +49,11 @@ def test_scenario_control_fails_and_dedup_is_clean(
     control = [o for o in outcomes if not o.dedup_enabled]
     dedup = [o for o in outcomes if o.dedup_enabled]
     summary = summarize(tmp_path / f"test-{scenario}_dedup_output.csv")
-    assert summary.dedup_on_clean, _describe(outcomes)
-    assert all(o.not_received == 0 and o.received == MESSAGES for o in dedup), _describe(dedup)
+    assert summary.dedup_on_clean, describe_runs(outcomes)
+    assert all(o.not_received == 0 and o.received == MESSAGES for o in dedup), describe_runs(dedup)
     assert any(o.msgs_with_dups > 0 or o.jumps for o in control), (
         f"the control of {scenario} shows no failure: the scenario stresses nothing; "
-        + _describe(control)
+        + describe_runs(control)
     )
 
 
@@ -80,13 +72,13 @@ def test_kill_proxy_multi_control_duplicates_and_dedup_is_clean(
             break
     assert any(o.msgs_with_dups > 0 for o in control), (
         "the control of kill-proxy-multi shows no duplicate: the scenario stresses nothing; "
-        + _describe(control)
+        + describe_runs(control)
     )
     plan = RunPlan(scenario, 2, MESSAGES, FAIL_AT, (True,), fault=FAULT)
     dedup = run_plan(plan, topology, tmp_path / "dedup", lambda *_: None)
     summary = summarize(tmp_path / "dedup" / "test-kill-proxy-multi_dedup_output.csv")
-    assert summary.dedup_on_clean, _describe(dedup)
-    assert all(o.clean and o.received == MESSAGES for o in dedup), _describe(dedup)
+    assert summary.dedup_on_clean, describe_runs(dedup)
+    assert all(o.clean and o.received == MESSAGES for o in dedup), describe_runs(dedup)
 
 
 @pytest.mark.parametrize("client", ["confluent-implicit", "java-implicit"])
@@ -100,8 +92,8 @@ def test_implicit_identity_clients_through_kill_tcp(
     )
     outcomes = run_plan(plan, topology, tmp_path, lambda *_: None)
     dedup = [o for o in outcomes if o.dedup_enabled]
-    assert all(o.clean and o.received == MESSAGES for o in dedup), _describe(outcomes)
-    assert any(not o.clean for o in outcomes if not o.dedup_enabled), _describe(outcomes)
+    assert all(o.clean and o.received == MESSAGES for o in dedup), describe_runs(outcomes)
+    assert any(not o.clean for o in outcomes if not o.dedup_enabled), describe_runs(outcomes)
 
 
 def test_chaos_command_writes_the_seed_csv_and_a_plot(
