@@ -37,8 +37,10 @@ class DedupSettings(BaseSettings):
     instance_id: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9._-]+$",
-        description="stable name of this proxy instance: a restart with the same name fences "
-        "the writes its previous run left in flight (default: from the listen address)",
+        description="stable name of this proxy instance, unique among the live ones: a restart "
+        "with the same name fences the writes its previous run left in flight (default: the "
+        "advertised host, or the machine's name for a wildcard or loopback listener, and the "
+        "listen port)",
     )
     snapshot_topic: str = Field(default="__dedup_snapshots", pattern=r"^[A-Za-z0-9._-]+$")
     snapshot_topic_partitions: int = Field(default=1, gt=0)

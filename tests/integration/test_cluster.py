@@ -18,7 +18,7 @@ from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
 from tests.support.kafka_io import assert_exactly_once_in_order, consume_confluent, values
 from tests.support.load import BackgroundProducer, SequencedProducer
-from tests.support.ports import CLUSTER_ENV, CLUSTER_PROXY, CLUSTER_SIDECARS
+from tests.support.ports import CLUSTER_ENV, CLUSTER_PROXY, CLUSTER_SIDECARS, ProxyPorts
 from tests.support.proxy_api import admin_call
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
@@ -46,19 +46,27 @@ def replicated_topic(info: EnvInfo) -> tuple[str, int]:
     return topic, admin.list_topics(topic, timeout=30).topics[topic].partitions[0].leader
 
 
-def cluster_proxy(info: EnvInfo, log_dir: Path) -> ProxyProcess:
-    """The proxy in front of the three brokers, dedup on, state of this test only."""
+def cluster_proxy(
+    info: EnvInfo,
+    log_dir: Path,
+    ports: ProxyPorts = CLUSTER_PROXY,
+    name: str = "proxy",
+    **settings: str,
+) -> ProxyProcess:
+    """A proxy in front of the three brokers, dedup on, state of this test only (unless
+    `settings`, DEDUP_PROXY_* variables, say otherwise)."""
     return ProxyProcess(
         upstream=info.bootstrap,
-        listen_port=CLUSTER_PROXY.listen,
-        admin_port=CLUSTER_PROXY.admin,
-        extra_args=["--broker-port-base", str(CLUSTER_PROXY.broker_base)],
+        listen_port=ports.listen,
+        admin_port=ports.admin,
+        extra_args=["--broker-port-base", str(ports.broker_base)],
         env={
             "DEDUP_PROXY_METADATA_REFRESH_S": "1",
             "DEDUP_PROXY_REDIS": info.redis,
             "DEDUP_PROXY_REDIS_KEY_PREFIX": f"ha-{uuid.uuid4().hex[:8]}",
+            **settings,
         },
-        log_path=log_dir / "proxy.log",
+        log_path=log_dir / f"{name}.log",
     ).start()
 
 
@@ -117,23 +125,18 @@ def test_sidecar_placement_ownership_follows_the_leader_it_is_killed_exactly_onc
     topic, leader = replicated_topic(info)
     prefix = f"sidecar-{uuid.uuid4().hex[:8]}"
     sidecars = [
-        ProxyProcess(
-            upstream=info.bootstrap,
-            listen_port=ports.listen,
-            admin_port=ports.admin,
-            extra_args=["--broker-port-base", str(ports.broker_base)],
-            env={
-                "DEDUP_PROXY_METADATA_REFRESH_S": "1",
-                "DEDUP_PROXY_REDIS": info.redis,
-                "DEDUP_PROXY_REDIS_KEY_PREFIX": prefix,
-                "DEDUP_PROXY_INSTANCE_ID": f"{prefix}-{broker}",
-                "DEDUP_PROXY_PLACEMENT": "sidecar",
-                "DEDUP_PROXY_LOCAL_BROKER_ID": str(broker),
-                "DEDUP_PROXY_LEASE_TTL_S": "3",
-                "DEDUP_PROXY_HEARTBEAT_S": "0.5",
-            },
-            log_path=tmp_path / f"sidecar-{broker}.log",
-        ).start()
+        cluster_proxy(
+            info,
+            tmp_path,
+            ports,
+            f"sidecar-{broker}",
+            DEDUP_PROXY_REDIS_KEY_PREFIX=prefix,
+            DEDUP_PROXY_INSTANCE_ID=f"{prefix}-{broker}",
+            DEDUP_PROXY_PLACEMENT="sidecar",
+            DEDUP_PROXY_LOCAL_BROKER_ID=str(broker),
+            DEDUP_PROXY_LEASE_TTL_S="3",
+            DEDUP_PROXY_HEARTBEAT_S="0.5",
+        )
         for broker, ports in enumerate(CLUSTER_SIDECARS)
     ]
 
