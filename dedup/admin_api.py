@@ -22,10 +22,12 @@ import json
 from typing import Any
 
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from dedup.chunks import ChunkProgress
 from dedup.policies import Mode, PolicySnapshot
 from dedup.service import DedupService
+from dedup.snapshots import SnapshotError
 from dedup.state import clock_ms
 
 PRODUCER_NAME_COUNTER = "producer-names"
@@ -152,7 +154,12 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
 
     async def snapshot_now(request: web.Request) -> web.Response:
         topic, partition = _topic(request), _partition(request)
-        snapshot = await service.snapshotter.snapshot_now((topic, partition))
+        try:
+            snapshot = await service.snapshotter.snapshot_now((topic, partition))
+        except (SnapshotError, RedisError, OSError) as exc:
+            raise web.HTTPServiceUnavailable(
+                text=f"snapshot of {topic}/{partition} failed: {type(exc).__name__}: {exc}"
+            ) from None
         if snapshot is None:
             raise web.HTTPConflict(
                 text=f"{topic}/{partition} is not recovered by this proxy (never written "

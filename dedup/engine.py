@@ -199,6 +199,27 @@ class DedupEngine:
         """Whether every one of these partitions is recovered within the timeout."""
         return await self._recoveries.wait_recovered(partitions, timeout_s)
 
+    async def settle_for_handoff(self, key: Key, recovery_wait_s: float) -> bool:
+        """Before a clean release (no request is let in any more): a recovery under way
+        finishes, every admitted write settles and acknowledged positions reach Redis.
+        True when the partition is then recovered here with no write's fate lost."""
+        state = self._partitions.get(key)
+        if state is None:
+            return False
+        if not state.recovered and self._recoveries.recovering(key):
+            # Taken a moment ago and moving on already (a rolling restart): a recovery
+            # left half done would cost the next owner a fence.
+            await self._recoveries.wait_recovered([key], recovery_wait_s)
+        if not state.recovered:
+            return False
+        # Counters with no event of their own; a handoff is rare and short.
+        while state.pending or state.cursor.unsettled:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        if not state.recovered or state.failed:
+            return False  # a write's fate was lost on the way: the next owner fences
+        await self.flush_persisted()
+        return True
+
     async def dedup_anywhere(self) -> bool:
         """False when every topic has dedup disabled: Produce passes through undecoded."""
         return (await self._policies.snapshot()).dedup_anywhere

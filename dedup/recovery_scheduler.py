@@ -101,6 +101,10 @@ class RecoveryScheduler:
         )
         self.request((topic, partition), "state lost")
 
+    def recovering(self, key: Key) -> bool:
+        """Whether a recovery of this partition is queued or under way."""
+        return key in self._queue
+
     def forget(self, key: Key) -> None:
         """The partition is no longer this instance's (lease lost or handed over): its
         requests are refused or redirected until it is taken again."""

@@ -35,6 +35,9 @@ from proxy.kafka.topology import Endpoint
 log = structlog.get_logger(__name__)
 
 PURGE_INTERVAL_S = 300.0
+# A partition handed on while still being recovered waits this long for the recovery
+# (within the ownership's HANDOFF_TIMEOUT_S).
+HANDOFF_RECOVERY_WAIT_S = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,17 +168,11 @@ class DedupService:
 
     async def _hand_off(self, lease: Lease) -> bool:
         """Before a clean release: no request is let in any more (the ownership redirects
-        them), every write already admitted settles, acknowledged positions reach Redis,
-        and a snapshot covers them all. True when all of it happened."""
-        state = self.engine.partition_states().get(lease.key)
-        if state is None or not state.recovered:
+        them), a recovery under way finishes, every write already admitted settles,
+        acknowledged positions reach Redis, and a snapshot covers them all. True when all
+        of it happened."""
+        if not await self.engine.settle_for_handoff(lease.key, HANDOFF_RECOVERY_WAIT_S):
             return False
-        # Counters with no event of their own; a handoff is rare and short.
-        while state.pending or state.cursor.unsettled:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-        if not state.recovered or state.failed:
-            return False  # a write's fate was lost on the way: the next owner fences
-        await self.engine.flush_persisted()
         return await self.snapshotter.snapshot_now(lease.key) is not None
 
     async def start(self) -> None:

@@ -431,6 +431,9 @@ class SnapshotStore:
         self._partitions: int | None = None  # the topic's real partition count, once known
         self._last_write_failed = False  # then the next write re-reads the partition count
         self._closed = False
+        # Held while `ensure_topic` runs: a write meanwhile waits for the topic to exist
+        # instead of failing (a proxy's first snapshot can come before its topic is made).
+        self._ensuring = asyncio.Lock()
 
     @property
     def topic(self) -> str:
@@ -475,6 +478,10 @@ class SnapshotStore:
         Safe when several proxies start at once: losing the creation race is success.
         """
         self._check_open()
+        async with self._ensuring:
+            await self._ensure_topic()
+
+    async def _ensure_topic(self) -> None:
         info = await asyncio.to_thread(self._topic_info, False)
         if info.partitions is None:
             replication = self._replication_factor or min(3, info.brokers)
@@ -620,6 +627,9 @@ class SnapshotStore:
                 f"over {MAX_SNAPSHOT_BYTES}: cap its producers"
             )
         partitions = await self._partition_count(refresh=self._last_write_failed)
+        if partitions is None and self._ensuring.locked():
+            async with self._ensuring:  # being created: wait for it, then look again
+                partitions = await self._partition_count(refresh=True)
         if partitions is None:
             raise SnapshotError(
                 f"snapshot topic {self._topic!r} does not exist (ensure_topic creates it)"

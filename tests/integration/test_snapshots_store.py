@@ -249,6 +249,21 @@ async def test_a_missing_topic_means_no_snapshots(local_env: EnvInfo, snapshot_t
         await store.close()
 
 
+async def test_a_write_while_the_topic_is_being_created_waits_for_it(
+    local_env: EnvInfo, snapshot_topic: str
+) -> None:
+    """A proxy's first snapshot can come before its start-up has made the topic."""
+    store = SnapshotStore(local_env.bootstrap, snapshot_topic, timeout_s=TIMEOUT_S)
+    try:
+        creating = asyncio.create_task(store.ensure_topic())
+        await asyncio.sleep(0)  # it has begun
+        await store.write(snapshot(0))
+        await creating
+        assert (await store.read([("orders", 0)]))["orders", 0].valid == (snapshot(0),)
+    finally:
+        await store.close()
+
+
 async def test_an_empty_topic_reads_at_once(store: SnapshotStore) -> None:
     found = await asyncio.wait_for(store.read([("orders", 0)]), 5)
     assert found == {("orders", 0): StoredSnapshots()}

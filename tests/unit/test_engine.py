@@ -956,6 +956,43 @@ async def test_a_partition_whose_lease_another_holds_goes_to_the_holder_then_her
         assert rig.recovery.calls == [[P0], [P0]]
 
 
+async def test_a_handoff_during_the_recovery_waits_for_it_then_settles_clean() -> None:
+    """As in a rolling restart: a partition taken a moment ago moves on before its
+    recovery is done. Before: the handoff was unclean at once, and the next owner fenced."""
+    async with running() as rig:
+        replaying = asyncio.Event()
+        rig.recovery.hold = replaying
+        rig.engine.request_recovery([P0], "first use")
+        handoff = asyncio.create_task(rig.engine.settle_for_handoff(P0, 5))
+        await asyncio.sleep(0.2)
+        assert not handoff.done()
+        replaying.set()
+        assert await asyncio.wait_for(handoff, 5) is True
+
+
+async def test_a_handoff_is_unclean_when_the_recovery_does_not_finish_in_time() -> None:
+    async with running() as rig:
+        rig.recovery.hold = asyncio.Event()
+        rig.engine.request_recovery([P0], "first use")
+        assert await rig.engine.settle_for_handoff(P0, 0.2) is False
+        assert await rig.engine.settle_for_handoff(("never-seen", 0), 5) is False
+
+
+async def test_a_handoff_settles_the_writes_in_flight_first() -> None:
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0]))))[P0])
+        gate = asyncio.Event()
+        rig.writer.script.append(Step(hold=gate))
+        in_flight = await rig.admit((P0, records("p", [1])))
+        await asyncio.sleep(0.1)
+        handoff = asyncio.create_task(rig.engine.settle_for_handoff(P0, 5))
+        await asyncio.sleep(0.2)
+        assert not handoff.done(), "a write admitted before the handoff is still in flight"
+        gate.set()
+        assert ok((await in_flight)[P0])
+        assert await asyncio.wait_for(handoff, 5) is True
+
+
 def test_a_redirect_reaches_the_client_as_kip_951_leader_and_endpoint() -> None:
     owner = Redirect("b", Node(2001, Endpoint("b-host", 9193)), 5)
     answers = {P0: PartitionAnswer(ErrorCode.not_leader_or_follower, redirect=owner)}
