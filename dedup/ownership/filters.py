@@ -146,7 +146,7 @@ class OwnedLeaderHintsFilter(_NodesFilter):
     ) -> bool:
         if version < self._first_version:
             return False
-        return context.topology.names_upstream_host(payload, body_start)
+        return context.names_upstream_host(payload, body_start)
 
     async def _rewrite(self, version: int, response: Any) -> Any:
         endpoints = getattr(response, "node_endpoints", ())

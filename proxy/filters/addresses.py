@@ -113,7 +113,7 @@ class NodeEndpointsFilter(_AddressFilter):
     ) -> bool:
         if version < self.first_version:
             return False
-        return context.topology.names_upstream_host(payload, body_start)
+        return context.names_upstream_host(payload, body_start)
 
     async def _rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
         endpoints = getattr(response, "node_endpoints", ())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from kio.static.protocol import RequestPayload, ResponsePayload
@@ -37,6 +37,27 @@ from proxy.kafka.wire import FrameError, RequestHeader, response_body_start
 from proxy.runtime import metrics
 
 
+class UpstreamHostScan:
+    """`Topology.names_upstream_host` of the response being filtered, scanned once however
+    many filters ask (a Fetch response can be megabytes, and two filters look at it)."""
+
+    __slots__ = ("_answer", "_payload", "_start")
+
+    def __init__(self) -> None:
+        self._payload: bytes | None = None
+        self._start = -1
+        self._answer = False
+
+    def names_upstream_host(self, topology: Topology, payload: bytes, start: int) -> bool:
+        if payload is not self._payload or start != self._start:
+            self._answer = topology.names_upstream_host(payload, start)
+            self._payload, self._start = payload, start
+        return self._answer
+
+    def forget(self) -> None:
+        self._payload = None  # the response is not kept alive by the connection
+
+
 @dataclass(frozen=True, slots=True)
 class FilterContext:
     """What a filter may know of the connection a message travels on."""
@@ -44,6 +65,12 @@ class FilterContext:
     topology: Topology
     upstream: Endpoint | None = None  # the broker this connection relays to
     listener: str = ""
+    scan: UpstreamHostScan = field(default_factory=UpstreamHostScan, compare=False, repr=False)
+
+    def names_upstream_host(self, payload: bytes, start: int) -> bool:
+        """Whether the raw response from ``start`` on names an upstream host (the cheap
+        test before decoding one that may carry broker endpoints, KIP-951)."""
+        return self.scan.names_upstream_host(self.topology, payload, start)
 
 
 class RequestFrame:
@@ -185,14 +212,17 @@ class FilterChain:
         body_start = response_body_start(payload, header.flexible_response)
         response: ResponsePayload | None = None
         changed = False
-        for response_filter in response_filters:
-            if not response_filter.wants_response(version, payload, body_start, context):
-                continue
-            if response is None:
-                response = _decode_response(header, payload, body_start)
-            rewritten = await response_filter.on_response(version, response, context)
-            if rewritten is not response:
-                response, changed = rewritten, True
+        try:
+            for response_filter in response_filters:
+                if not response_filter.wants_response(version, payload, body_start, context):
+                    continue
+                if response is None:
+                    response = _decode_response(header, payload, body_start)
+                rewritten = await response_filter.on_response(version, response, context)
+                if rewritten is not response:
+                    response, changed = rewritten, True
+        finally:
+            context.scan.forget()
         if not changed or response is None:
             return payload
         metrics.REWRITES.labels(api_name(header.api_key)).inc()

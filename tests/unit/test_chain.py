@@ -235,6 +235,42 @@ async def test_a_response_that_cannot_be_decoded_is_never_passed_on() -> None:
         await chain.on_response(METADATA_HEADER, metadata_response_payload()[:-3], context())
 
 
+class CountingTopology(Topology):
+    def __init__(self) -> None:
+        super().__init__([Endpoint("kafka", 9092)], "proxy", broker_port_base=40000)
+        self.scans = 0
+
+    def names_upstream_host(self, payload: bytes, start: int) -> bool:
+        self.scans += 1
+        return super().names_upstream_host(payload, start)
+
+
+class Scanning(Suffixing):
+    """Wants the response when it names an upstream host, as the KIP-951 filters do."""
+
+    def wants_response(
+        self, version: int, payload: bytes, body_start: int, ctx: FilterContext
+    ) -> bool:
+        return ctx.names_upstream_host(payload, body_start)
+
+
+async def test_a_response_is_scanned_for_upstream_hosts_once_however_many_filters_ask() -> None:
+    topology = CountingTopology()
+    await topology.observe([(1, "kafka-1", 9092)], True)
+    ctx = FilterContext(topology)
+    order: list[str] = []
+    chain = FilterChain([Scanning("-a", order), Scanning("-b", order)])
+    plain = metadata_response_payload("elsewhere")
+    assert await chain.on_response(METADATA_HEADER, plain, ctx) is plain
+    assert topology.scans == 1 and order == []
+    named = metadata_response_payload("kafka-1")
+    out = await chain.on_response(METADATA_HEADER, named, ctx)
+    assert topology.scans == 2, "a new response is scanned anew"
+    assert order == ["-b", "-a"]
+    decoded: Any = decode_response_body(ApiKey.METADATA, 12, out, 5)
+    assert decoded.brokers[0].host == "kafka-1-b-a"
+
+
 def test_the_chain_refuses_what_is_not_a_filter() -> None:
     with pytest.raises(TypeError, match="neither a request nor a response filter"):
         FilterChain([object()])
