@@ -133,7 +133,7 @@ class OwnedCoordinatorFilter(_NodesFilter):
 class OwnedLeaderHintsFilter(_NodesFilter):
     """KIP-951 hints in Produce (v10+) and Fetch (v16+) answers: the node endpoints and
     each partition's ``current_leader`` name this instance's node for the broker. Decoded
-    only when the raw answer names an upstream host (as the runtime's filter does)."""
+    only when the raw answer may name brokers (`FilterContext.may_name_brokers`)."""
 
     def __init__(self, ownership: Ownership, api_key: ApiKey, first_version: int) -> None:
         super().__init__(ownership)
@@ -146,7 +146,7 @@ class OwnedLeaderHintsFilter(_NodesFilter):
     ) -> bool:
         if version < self._first_version:
             return False
-        return context.names_upstream_host(payload, body_start)
+        return context.may_name_brokers(self._api_key, version, payload, body_start)
 
     async def _rewrite(self, version: int, response: Any) -> Any:
         endpoints = getattr(response, "node_endpoints", ())

@@ -100,12 +100,14 @@ class DescribeClusterFilter(_AddressFilter):
 class NodeEndpointsFilter(_AddressFilter):
     """KIP-951: responses that name the new leader's endpoint after a leadership change.
 
-    These are large responses (Fetch carries records), so they are decoded only when the
-    raw bytes contain an upstream host name at all, which is how an endpoint would appear.
+    These are large responses (Fetch carries records), so they are decoded only when they
+    may name brokers: a Fetch response's structure is walked to its endpoints field, any
+    other is searched for an upstream host name (`FilterContext.may_name_brokers`).
     """
 
     def __init__(self, api_key: ApiKey, first_version: int) -> None:
         self.response_keys = frozenset({api_key})
+        self._api_key = api_key
         self.first_version = first_version
 
     def wants_response(
@@ -113,7 +115,7 @@ class NodeEndpointsFilter(_AddressFilter):
     ) -> bool:
         if version < self.first_version:
             return False
-        return context.names_upstream_host(payload, body_start)
+        return context.may_name_brokers(self._api_key, version, payload, body_start)
 
     async def _rewrite(self, version: int, response: Any, context: FilterContext) -> Any:
         endpoints = getattr(response, "node_endpoints", ())

@@ -26,6 +26,8 @@ from typing import Protocol, runtime_checkable
 
 from kio.static.protocol import RequestPayload, ResponsePayload
 
+from proxy.kafka.api_keys import ApiKey
+from proxy.kafka.fetch_endpoints import fetch_names_endpoints
 from proxy.kafka.schemas import (
     api_name,
     decode_request_body,
@@ -37,9 +39,9 @@ from proxy.kafka.wire import FrameError, RequestHeader, response_body_start
 from proxy.runtime import metrics
 
 
-class UpstreamHostScan:
-    """`Topology.names_upstream_host` of the response being filtered, scanned once however
-    many filters ask (a Fetch response can be megabytes, and two filters look at it)."""
+class BrokerNamesLook:
+    """Whether the response being filtered may name brokers (KIP-951 endpoints), looked at
+    once however many filters ask: a Fetch response can be megabytes, two filters ask."""
 
     __slots__ = ("_answer", "_payload", "_start")
 
@@ -48,14 +50,26 @@ class UpstreamHostScan:
         self._start = -1
         self._answer = False
 
-    def names_upstream_host(self, topology: Topology, payload: bytes, start: int) -> bool:
+    def may_name_brokers(
+        self, topology: Topology, api_key: int, version: int, payload: bytes, start: int
+    ) -> bool:
         if payload is not self._payload or start != self._start:
-            self._answer = topology.names_upstream_host(payload, start)
+            self._answer = _may_name_brokers(topology, api_key, version, payload, start)
             self._payload, self._start = payload, start
         return self._answer
 
     def forget(self) -> None:
         self._payload = None  # the response is not kept alive by the connection
+
+
+def _may_name_brokers(
+    topology: Topology, api_key: int, version: int, payload: bytes, start: int
+) -> bool:
+    if api_key == ApiKey.FETCH:  # walked by its structure, per partition, not per byte
+        walked = fetch_names_endpoints(version, payload, start)
+        if walked is not None:
+            return walked
+    return topology.names_upstream_host(payload, start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +79,12 @@ class FilterContext:
     topology: Topology
     upstream: Endpoint | None = None  # the broker this connection relays to
     listener: str = ""
-    scan: UpstreamHostScan = field(default_factory=UpstreamHostScan, compare=False, repr=False)
+    look: BrokerNamesLook = field(default_factory=BrokerNamesLook, compare=False, repr=False)
 
-    def names_upstream_host(self, payload: bytes, start: int) -> bool:
-        """Whether the raw response from ``start`` on names an upstream host (the cheap
-        test before decoding one that may carry broker endpoints, KIP-951)."""
-        return self.scan.names_upstream_host(self.topology, payload, start)
+    def may_name_brokers(self, api_key: int, version: int, payload: bytes, start: int) -> bool:
+        """Whether the raw response from ``start`` on may carry broker endpoints to rewrite
+        (the cheap test before decoding one, KIP-951)."""
+        return self.look.may_name_brokers(self.topology, api_key, version, payload, start)
 
 
 class RequestFrame:
@@ -222,7 +236,7 @@ class FilterChain:
                 if rewritten is not response:
                     response, changed = rewritten, True
         finally:
-            context.scan.forget()
+            context.look.forget()
         if not changed or response is None:
             return payload
         metrics.REWRITES.labels(api_name(header.api_key)).inc()

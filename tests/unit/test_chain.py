@@ -246,12 +246,12 @@ class CountingTopology(Topology):
 
 
 class Scanning(Suffixing):
-    """Wants the response when it names an upstream host, as the KIP-951 filters do."""
+    """Wants the response when it may name brokers, as the KIP-951 filters do."""
 
     def wants_response(
         self, version: int, payload: bytes, body_start: int, ctx: FilterContext
     ) -> bool:
-        return ctx.names_upstream_host(payload, body_start)
+        return ctx.may_name_brokers(ApiKey.METADATA, version, payload, body_start)
 
 
 async def test_a_response_is_scanned_for_upstream_hosts_once_however_many_filters_ask() -> None:

@@ -224,6 +224,23 @@ def test_fetch_without_upstream_host_is_not_decoded() -> None:
     assert not fetch_filter.wants_response(17, payload, len(FLEXIBLE_HEADER), context)
 
 
+def test_fetch_whose_records_name_an_upstream_host_is_not_decoded() -> None:
+    """The Fetch walk looks for the endpoints field, not for host names in record bytes
+    (a log line naming a broker host would otherwise cost a decode)."""
+    context, topology, _ = make_context()
+    asyncio.run(topology.observe([(7, "kafka-7", 9092)], complete=True))
+    response = fetch_response((), b"connected to kafka-7:9092" * 10)
+    payload = FLEXIBLE_HEADER + encode_body(response)
+    fetch_filter = response_filter_for(1)
+    assert not fetch_filter.wants_response(17, payload, len(FLEXIBLE_HEADER), context)
+    out = asyncio.run(
+        FilterChain(standard_filters()).on_response(
+            RequestHeader(1, 17, 1234, None, 0), payload, context
+        )
+    )
+    assert out is payload
+
+
 def test_produce_node_endpoints_rewritten() -> None:
     context, topology, _ = make_context()
     asyncio.run(topology.observe([(4, "kafka-4", 9092)], complete=True))
