@@ -19,7 +19,6 @@ The environment, proxies, probes and output helpers are `benchmarks.passthrough`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -55,7 +54,7 @@ from benchmarks.passthrough import (
     verdict_metric,
     write_csv,
 )
-from benchmarks.stage import Stage, StageSettings
+from benchmarks.stage import Stage, StageSettings, git_commit
 from benchmarks.tool_output import (
     ConsumerSummary,
     ProducerSummary,
@@ -77,8 +76,8 @@ CONSUMER_RECORD_BYTES = 100
 WARMUP_FRACTION = 10  # --warmup-records: a tenth of each producer run, left out of its figures
 
 DEFAULT_ROUNDS = 3
-DEFAULT_PRODUCER_RECORDS = {1000: 400_000, 100: 1_500_000}
-DEFAULT_CONSUMER_RECORDS = 2_000_000
+DEFAULT_PRODUCER_RECORDS = {1000: 700_000, 100: 2_000_000}
+DEFAULT_CONSUMER_RECORDS = 5_000_000
 QUICK_ROUNDS = 2
 QUICK_PRODUCER_RECORDS = {1000: 50_000, 100: 200_000}
 QUICK_CONSUMER_RECORDS = 300_000
@@ -475,6 +474,8 @@ _MEDIAN_FIELDS = (
     "proxy_cpu_ms_per_mib",
     "redis_cpu_s",
     "redis_cpu_us_per_record",
+    "redis_evalsha",
+    "produce_requests",
 )
 
 
@@ -527,6 +528,13 @@ def pick(summary: list[ToolRow], kind: str, size: int, target: str) -> ToolRow |
     )
 
 
+def per_request(row: ToolRow | None, count: float) -> float | None:
+    """`count` per Produce request the proxy received (None without requests)."""
+    if row is None or not row.produce_requests:
+        return None
+    return count / row.produce_requests
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -574,18 +582,23 @@ def print_summary(console: Any, summary: list[ToolRow]) -> None:
         "record",
         "pass-through CPU-ms/MB",
         "dedup CPU-ms/MB",
+        "dedup records/request",
         "Redis CPU-µs/record",
+        "EVALSHA/request",
     ):
         costs.add_column(column, justify="right")
     for kind, size in cases(summary):
         passthrough = pick(summary, kind, size, PASSTHROUGH)
         dedup = pick(summary, kind, size, DEDUP)
+        produced = dedup if dedup is not None and kind == PRODUCER else None
         costs.add_row(
             kind,
             f"{size} B",
             _fmt(passthrough.proxy_cpu_ms_per_mib if passthrough else None, ".1f"),
             _fmt(dedup.proxy_cpu_ms_per_mib if dedup else None, ".1f"),
-            _fmt(dedup.redis_cpu_us_per_record if dedup and kind == PRODUCER else None, ".2f"),
+            _fmt(per_request(produced, produced.records_total if produced else 0), ",.0f"),
+            _fmt(produced.redis_cpu_us_per_record if produced else None, ".2f"),
+            _fmt(per_request(produced, produced.redis_evalsha or 0 if produced else 0), ".2f"),
         )
     console.print(costs)
 
@@ -726,21 +739,8 @@ def describe(settings: Settings) -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
-        "commit": _git_commit(),
+        "commit": git_commit(),
     }
-
-
-def _git_commit() -> str:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            timeout=10,
-        )
-        return done.stdout.strip()
-    return ""
 
 
 def write_outputs(

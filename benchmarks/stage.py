@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -112,3 +113,17 @@ class Stage:
 
     def create_topic(self, slug: str, config: dict[str, str] | None = None) -> str:
         return self.topics.create(slug, 1, config)
+
+
+def git_commit() -> str:
+    """The checkout's commit (short), for the results' metadata; "" outside a git checkout."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=10,
+        )
+        return done.stdout.strip()
+    return ""
