@@ -39,6 +39,7 @@ from benchmarks.passthrough import (
     DIRECT,
     LABELS,
     PASSTHROUGH,
+    PRODUCE_REQUESTS,
     PROXY_TARGETS,
     RECOVERIES,
     RESULTS_DIR,
@@ -128,7 +129,6 @@ class ToolRow:
 
 
 COLUMNS = [f.name for f in fields(ToolRow)]
-PRODUCE_REQUESTS = 'dedup_proxy_requests_total{api="produce"}'
 
 
 @dataclass
@@ -365,33 +365,35 @@ def interleaved(rounds: int) -> Iterable[tuple[int, str]]:
 
 
 def run(bench: Bench, rows: list[ToolRow]) -> None:
-    settings = bench.settings
     warm_up(bench)
     for size in RECORD_SIZES:
-        topic = bench.stage.create_topic(f"produce-{size}b")
-        for round_no, target in interleaved(settings.rounds):
-            row = bench.producer(
-                target, topic, size, settings.producer_records[size], f"r{round_no}"
-            )
-            keep(bench, rows, row, round_no)
-        bench.stage.topics.delete(topic)
+        produce(bench, rows, size)
+    consume(bench, rows)
+    if bench.settings.profile:
+        profile(bench)
+
+
+def produce(bench: Bench, rows: list[ToolRow], size: int) -> None:
+    """ProducerPerformance with `size` B records, interleaved rounds, one topic."""
+    records = bench.settings.producer_records[size]
+    topic = bench.stage.create_topic(f"produce-{size}b")
+    for round_no, target in interleaved(bench.settings.rounds):
+        keep(bench, rows, bench.producer(target, topic, size, records, f"r{round_no}"), round_no)
+    bench.stage.topics.delete(topic)
+
+
+def consume(bench: Bench, rows: list[ToolRow]) -> None:
+    """ConsumerPerformance over records written directly beforehand, interleaved rounds."""
+    records = bench.settings.consumer_records
     topic = bench.stage.create_topic("consume-100b")
-    records = settings.consumer_records
     bench.stage.say(f"writing {records:,} records of {CONSUMER_RECORD_BYTES} B to read back")
-    run_producer(
-        bench.stage.bootstraps[DIRECT],
-        topic,
-        records,
-        CONSUMER_RECORD_BYTES,
-        "bench-kt-fill",
-        bench.log,
-    )
+    direct = bench.stage.bootstraps[DIRECT]
+    run_producer(direct, topic, records, CONSUMER_RECORD_BYTES, "bench-kt-fill", bench.log)
     for target in TARGETS:  # unrecorded: each path's first read
         bench.consumer(target, topic, min(records, 100_000), "warmup")
-    for round_no, target in interleaved(settings.rounds):
+    for round_no, target in interleaved(bench.settings.rounds):
         keep(bench, rows, bench.consumer(target, topic, records, f"r{round_no}"), round_no)
-    if settings.profile:
-        profile(bench)
+    bench.stage.topics.delete(topic)
 
 
 def warm_up(bench: Bench) -> None:
