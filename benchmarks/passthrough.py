@@ -33,12 +33,12 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dedup.identity import DEFAULT_PRODUCER_HEADER, DEFAULT_SEQUENCE_HEADER
 
@@ -482,14 +482,18 @@ class Topics:
         self.replication = 1
         self.brokers = len(cluster.brokers)
 
-    def create(self, slug: str, partitions: int) -> str:
+    def create(self, slug: str, partitions: int, config: dict[str, str] | None = None) -> str:
         from deploy.topics import create_topic
 
         topic = f"{self.prefix}-{slug}"
         self.created.append(topic)
         try:
             return create_topic(
-                self.bootstrap, topic, partitions=partitions, replication_factor=self.replication
+                self.bootstrap,
+                topic,
+                partitions=partitions,
+                replication_factor=self.replication,
+                config=config,
             )
         except TimeoutError as exc:
             raise BenchmarkError(str(exc)) from exc
@@ -568,6 +572,11 @@ class RedisStats:
 
         self.client = redis.Redis.from_url(url, socket_timeout=10)
         self.client.ping()
+
+    def cpu_seconds(self) -> float:
+        """Redis' own CPU so far (INFO cpu: used_cpu_sys + used_cpu_user, all threads)."""
+        stats = cast(dict[str, Any], self.client.info("cpu"))
+        return float(stats["used_cpu_sys"]) + float(stats["used_cpu_user"])
 
     def snapshot(self) -> dict[str, tuple[int, int]]:
         """command -> (calls, usec)."""
@@ -788,12 +797,20 @@ def close_environment(environment: Environment) -> None:
         LocalEnvironment().down()
 
 
-def make_proxies(settings: Settings, environment: Environment, run_id: str) -> list[ProxyTarget]:
+def make_proxies(
+    ports: Mapping[str, tuple[int, int, int]],
+    out: Path,
+    environment: Environment,
+    run_id: str,
+    extra_env: Mapping[str, str] | None = None,
+) -> list[ProxyTarget]:
+    """The pass-through and the dedup proxy (not started), on `ports[target]`
+    (LISTEN, ADMIN, BROKER_BASE), logging to `out`/proxy-<target>.log."""
     from deploy.launcher import ProxyProcess
 
     proxies = []
     for target in PROXY_TARGETS:
-        listen, admin, broker_base = settings.ports[target]
+        listen, admin, broker_base = ports[target]
         # Both proxies get the run's Redis and a key prefix of their own: no policy or state
         # left by anything else can switch dedup on or off under the benchmark, and the
         # pass-through proxy does not reach for the default Redis (its policy store reads it).
@@ -805,11 +822,12 @@ def make_proxies(settings: Settings, environment: Environment, run_id: str) -> l
             upstream=environment.bootstrap,
             listen_port=listen,
             admin_port=admin,
-            log_path=settings.out / f"proxy-{target}.log",
+            log_path=out / f"proxy-{target}.log",
             extra_args=extra,
             env={
                 "DEDUP_PROXY_REDIS": environment.redis,
                 "DEDUP_PROXY_REDIS_KEY_PREFIX": key_prefix,
+                **(extra_env or {}),
             },
         )
         proxies.append(ProxyTarget(target, process, key_prefix, (listen, admin, broker_base)))
@@ -880,7 +898,7 @@ def run(settings: Settings, console: Any, rows: list[Row], meta: dict[str, Any])
     pool = WorkerPool()
     topics: Topics | None = None
     redis_stats: RedisStats | None = None
-    proxies = make_proxies(settings, environment, run_id)
+    proxies = make_proxies(settings.ports, settings.out, environment, run_id)
     by_target: dict[str, ProxyTarget] = {p.target: p for p in proxies}
     try:
         redis_stats = RedisStats(environment.redis)
@@ -1171,9 +1189,10 @@ def summarize(rows: list[Row], meta: dict[str, Any]) -> list[Row]:
 # ----------------------------------------------------------------------------- output
 
 
-def write_csv(path: Path, rows: list[Row]) -> None:
+def write_csv(path: Path, rows: Sequence[Any], columns: Sequence[str] = CSV_COLUMNS) -> None:
+    """One line per row (dataclass instances with `columns` as fields); floats to 6 digits."""
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=list(columns))
         writer.writeheader()
         for row in rows:
             record = asdict(row)

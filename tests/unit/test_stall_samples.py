@@ -1,0 +1,34 @@
+"""How the stall benchmark sorts the small producer's acknowledgements around the big
+request, and the figures it reports for them."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.stall import latency_figures, split_samples
+
+pytestmark = pytest.mark.unit
+
+BIG_START, BIG_END = 10.0, 12.0
+
+
+def test_calm_is_acknowledged_before_the_big_request_and_after_the_settling_time() -> None:
+    samples = [(0.1, 0.2), (1.0, 1.001), (9.9, 9.95), (9.99, 10.2)]
+    calm, _ = split_samples(samples, 0.5, BIG_START, BIG_END)
+    assert calm == [(1.0, 1.001), (9.9, 9.95)]
+
+
+def test_during_is_any_record_in_flight_while_the_big_request_was() -> None:
+    samples = [(9.9, 9.95), (9.99, 10.2), (11.0, 11.5), (11.9, 12.5), (12.1, 12.2)]
+    _, during = split_samples(samples, 0.0, BIG_START, BIG_END)
+    assert during == [(9.99, 10.2), (11.0, 11.5), (11.9, 12.5)]
+
+
+def test_figures_in_milliseconds() -> None:
+    samples = [(0.0, 0.001 * n) for n in range(1, 101)]
+    count, p50, p99, top = latency_figures(samples)
+    assert count == 100
+    assert p50 == pytest.approx(50.0)
+    assert p99 == pytest.approx(99.0)
+    assert top == pytest.approx(100.0)
+    assert latency_figures([]) == (0, None, None, None)
