@@ -209,8 +209,8 @@ class ClientConnection:
                 pending = _Pending(header, asyncio.get_running_loop().create_future())
                 self._awaiting_upstream.append(pending)
                 self._answers.put_nowait(pending)
-            upstream.write(len(payload).to_bytes(4, "big"))
-            upstream.write(payload)
+            # One call, one send: two writes cost two system calls per frame.
+            upstream.writelines((len(payload).to_bytes(4, "big"), payload))
             await upstream.drain()
 
     async def _relay_upstream(self, upstream: asyncio.StreamReader) -> None:
@@ -246,8 +246,7 @@ class ClientConnection:
                 payload = encode_response(header.correlation_id, await pending.local)
             if client.is_closing():
                 raise ConnectionResetError("client connection closed")
-            client.write(len(payload).to_bytes(4, "big"))
-            client.write(payload)
+            client.writelines((len(payload).to_bytes(4, "big"), payload))
             api = metrics.for_api(header.api_key)
             api.bytes_out.inc(len(payload) + 4)
             api.seconds.observe(time.perf_counter() - pending.started)
