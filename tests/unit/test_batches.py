@@ -7,6 +7,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +17,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from kafka.record.util import calc_crc32c
 from kio.schema.errors import ErrorCode
 
+from dedup import batches
 from dedup.batches import (
     CODEC_NAMES,
     DEFAULT_HEADERS,
@@ -25,6 +27,7 @@ from dedup.batches import (
     BadBatch,
     Identity,
     IdentityHeaders,
+    IncomingBatch,
     IncomingRecord,
     build_batch,
     read_batches,
@@ -661,3 +664,196 @@ def test_fuzz_flipped_valid_batches(
 def test_default_headers() -> None:
     assert IdentityHeaders(HEADER_PRODUCER, HEADER_SEQUENCE) == DEFAULT_HEADERS
     assert (HEADER_PRODUCER, HEADER_SEQUENCE) == ("dedup.producer", "dedup.sequence")
+
+
+# --------------------------------------------------------------------------- compiled reader
+#
+# read_batches reads with aiokafka's compiled codec where it can vouch for the result, and
+# with kafka-python's reader (the reference) otherwise. The reference alone is read_batches
+# with the compiled path switched off; the two must never differ, for any bytes.
+
+
+def reference(data: bytes, **kwargs: Any) -> list[IncomingBatch] | tuple[ErrorCode, str]:
+    with mock.patch.object(batches, "_read_compiled", return_value=None):
+        return outcome(data, **kwargs)
+
+
+def outcome(data: bytes, **kwargs: Any) -> list[IncomingBatch] | tuple[ErrorCode, str]:
+    """The batches read (`canonical` aside: it says which reader read them), or the error."""
+    try:
+        return [replace(b, canonical=False) for b in read_batches(data, **kwargs)]
+    except BadBatch as error:
+        return error.error_code, error.message
+
+
+def assert_read_alike(data: bytes, **kwargs: Any) -> None:
+    assert outcome(data, **kwargs) == reference(data, **kwargs)
+
+
+def client_batch(
+    items: Sequence[Spec],
+    codec: int,
+    client: Producer,
+    *,
+    transactional: bool = False,
+    log_append: bool = False,
+) -> bytes:
+    """A batch as a client writes it, by kafka-python's builder (the codec's own settings),
+    with the specs' timestamps."""
+    builder: Any = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=codec,
+        is_transactional=transactional,
+        producer_id=client.producer_id,
+        producer_epoch=client.producer_epoch,
+        base_sequence=client.base_sequence,
+        batch_size=1 << 30,
+    )
+    for offset, spec in enumerate(items):
+        builder.append(offset, spec.timestamp, spec.key, spec.value, list(spec.wire_headers()))
+    data = bytes(builder.build())
+    if log_append:  # (kafka-python's builder drops a codec that does not shrink the batch)
+        data = with_header(data, attributes=HEADER.unpack_from(data)[F_ATTRIBUTES] | 0x08)
+    return data
+
+
+def with_first_timestamp(batch: bytes, first: int) -> bytes:
+    values = list(HEADER.unpack_from(batch))
+    values[7] = first  # first timestamp: every record's timestamp is this plus its delta
+    return fix_crc(HEADER.pack(*values) + batch[HEADER_SIZE:])
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@CASES
+@given(
+    items=st.lists(specs, min_size=1, max_size=10),
+    client=producers,
+    transactional=st.booleans(),
+    log_append=st.booleans(),
+    from_log=st.booleans(),
+    names=st.sampled_from([DEFAULT_HEADERS, IdentityHeaders("app", "n")]),
+)
+def test_compiled_reader_reads_valid_batches_as_the_reference(
+    codec: int,
+    items: list[Spec],
+    client: Producer,
+    transactional: bool,
+    log_append: bool,
+    from_log: bool,
+    names: IdentityHeaders,
+) -> None:
+    data = client_batch(items, codec, client, transactional=transactional, log_append=log_append)
+    expected = reference(data, headers=names, from_log=from_log)
+    assert outcome(data, headers=names, from_log=from_log) == expected
+    if isinstance(expected, list):  # read, not refused: by the compiled codec, no fallback
+        assert batches._read_compiled(data, names, from_log) is not None
+    else:  # only the identity rules refuse a client's batch (here: headers named app, n)
+        assert names != DEFAULT_HEADERS
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    items=st.lists(specs, min_size=1, max_size=5),
+    client=producers,
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), min_size=1, max_size=4),
+    recompute_crc=st.booleans(),
+    cut=st.none() | st.integers(0, 10_000),
+    from_log=st.booleans(),
+)
+def test_compiled_reader_fuzz_mutated_batches_read_as_the_reference(
+    codec: int,
+    items: list[Spec],
+    client: Producer,
+    flips: list[tuple[int, int]],
+    recompute_crc: bool,
+    cut: int | None,
+    from_log: bool,
+) -> None:
+    data = bytearray(client_batch(items, codec, client))
+    for position, mask in flips:
+        data[position % len(data)] ^= mask
+    if recompute_crc:
+        data = bytearray(fix_crc(data))
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    assert_read_alike(bytes(data), from_log=from_log)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    payload=st.binary(min_size=HEADER_SIZE - 17, max_size=300),
+    codec=st.sampled_from(CODECS),
+    from_log=st.booleans(),
+)
+def test_compiled_reader_fuzz_random_records_read_as_the_reference(
+    payload: bytes, codec: int, from_log: bool
+) -> None:
+    data = with_header(
+        VALID[:HEADER_SIZE] + payload, length=HEADER_SIZE - 12 + len(payload), attributes=codec
+    )
+    assert_read_alike(data, from_log=from_log)
+
+
+def varint(value: int, *, overlong: bool = False) -> bytes:
+    """Kafka's zigzag varint; `overlong`: 10 bytes whose last has a bit beyond the 64th,
+    which kafka-python keeps and aiokafka (and Kafka) drops."""
+    unsigned = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    if overlong:
+        for shift in range(0, 63, 7):
+            out.append(((unsigned >> shift) & 0x7F) | 0x80)
+        out.append((unsigned >> 63) | 0x02)
+        return bytes(out)
+    while unsigned > 0x7F:
+        out.append((unsigned & 0x7F) | 0x80)
+        unsigned >>= 7
+    out.append(unsigned)
+    return bytes(out)
+
+
+def hand_written_batch(fields: dict[str, bytes], *, overlong: str | None = None) -> bytes:
+    """One record, written field by field (a varint of `overlong` in 10 bytes), in a batch
+    with a right header and CRC."""
+    parts = {
+        "attributes": varint(0, overlong=overlong == "attributes"),
+        "timestamp_delta": varint(5, overlong=overlong == "timestamp_delta"),
+        "offset_delta": varint(0, overlong=overlong == "offset_delta"),
+        "key_length": varint(-1, overlong=overlong == "key_length"),
+    }
+    value = fields.get("value", b"v")
+    body = b"".join(parts.values()) + varint(len(value)) + value + varint(0)
+    record = varint(len(body), overlong=overlong == "length") + body
+    header = list(HEADER.unpack_from(VALID))
+    header[F_LENGTH] = HEADER_SIZE - 12 + len(record)
+    header[F_COUNT], header[F_LAST_DELTA] = 1, 0
+    return fix_crc(HEADER.pack(*header) + record)
+
+
+def test_hand_written_batch_is_read_by_the_compiled_reader() -> None:
+    data = hand_written_batch({})
+    assert batches._read_compiled(data, DEFAULT_HEADERS, False) is not None
+    [batch] = read_batches(data)
+    assert batch.canonical
+    assert (batch.records[0].key, batch.records[0].value) == (None, b"v")
+
+
+@pytest.mark.parametrize(
+    "field", ["attributes", "timestamp_delta", "offset_delta", "key_length", "length"]
+)
+@pytest.mark.parametrize("from_log", [False, True])
+def test_varints_beyond_64_bits_go_to_the_reference(field: str, from_log: bool) -> None:
+    """aiokafka and kafka-python read these differently: the compiled path leaves them."""
+    data = hand_written_batch({}, overlong=field)
+    assert batches._read_compiled(data, DEFAULT_HEADERS, from_log) is None
+    assert_read_alike(data, from_log=from_log)
+
+
+def test_timestamps_are_added_without_wrapping_as_kafka_python_does() -> None:
+    """aiokafka adds the first timestamp and the delta in int64 (wrapping); the compiled
+    path adds them in Python, as the reference."""
+    last = (1 << 63) - 1
+    data = with_first_timestamp(raw_batch([(0, None, b"a", []), (1, None, b"b", [])]), last)
+    assert batches._read_compiled(data, DEFAULT_HEADERS, False) is not None
+    assert_read_alike(data)
+    assert [r.timestamp for r in read_batches(data)[0].records] == [last, last + 1]
