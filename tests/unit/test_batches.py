@@ -30,7 +30,9 @@ from dedup.batches import (
     IncomingBatch,
     IncomingRecord,
     build_batch,
+    forwardable,
     read_batches,
+    restamp_batch,
 )
 from dedup.chunks import CHUNK_HEADERS
 
@@ -857,3 +859,117 @@ def test_timestamps_are_added_without_wrapping_as_kafka_python_does() -> None:
     assert batches._read_compiled(data, DEFAULT_HEADERS, False) is not None
     assert_read_alike(data)
     assert [r.timestamp for r in read_batches(data)[0].records] == [last, last + 1]
+
+
+# --------------------------------------------------------------------------- restamp
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@CASES
+@given(
+    items=st.lists(specs, min_size=1, max_size=8),
+    client=producers,
+    proxy=producers,
+    transactional=st.booleans(),
+    log_append=st.booleans(),
+)
+def test_restamped_batch_is_the_clients_under_the_proxys_producer(
+    codec: int,
+    items: list[Spec],
+    client: Producer,
+    proxy: Producer,
+    transactional: bool,
+    log_append: bool,
+) -> None:
+    data = client_batch(items, codec, client, transactional=transactional, log_append=log_append)
+    data = bytes(7) + b"\x2a" + data[8:]  # a base offset the broker must not see
+    out = restamp_batch(data, proxy.producer_id, proxy.producer_epoch, proxy.base_sequence)
+    # Read back by kafka-python's reader (the reference): CRC, header, the very same records.
+    check: Any = DefaultRecordBatch(out)
+    assert check.validate_crc()
+    assert (check.producer_id, check.producer_epoch, check.base_sequence) == (
+        proxy.producer_id,
+        proxy.producer_epoch,
+        proxy.base_sequence,
+    )
+    assert check.base_offset == 0 and not check.is_transactional
+    original: Any = DefaultRecordBatch(data)
+    assert check.attributes == original.attributes & ~0x10
+    assert out[HEADER_SIZE:] == data[HEADER_SIZE:]
+    assert [as_read(r, 0) for r in check] == [as_read(r, original.base_offset) for r in original]
+
+
+def as_read(record: Any, base_offset: int) -> tuple[Any, ...]:
+    """A record read by kafka-python: offset delta, timestamp, key, value, headers."""
+    offset_delta = record.offset - base_offset
+    return offset_delta, record.timestamp, record.key, record.value, record.headers
+
+
+def test_restamp_refuses_what_kafka_would() -> None:
+    with pytest.raises(ValueError, match="base sequence"):
+        restamp_batch(VALID, 5, 0, -1)
+    with pytest.raises(ValueError, match="at least 61 bytes"):
+        restamp_batch(VALID[:60], 5, 0, 0)
+
+
+def test_forwardable_only_when_nothing_changes() -> None:
+    explicit_batch = read_batches(raw_batch([(0, None, b"a", explicit(b"p", b"1"))]))[0]
+    implicit_batch = read_batches(
+        raw_batch([(0, None, b"a", [])], producer_id=3, producer_epoch=0, base_sequence=0)
+    )[0]
+    plain_batch = read_batches(raw_batch([(0, None, b"a", []), (1, None, b"b", [])]))[0]
+    assert forwardable(explicit_batch, explicit_batch.records, True)
+    assert forwardable(plain_batch, plain_batch.records, True)  # no identity: nothing added
+    assert not forwardable(plain_batch, plain_batch.records[:1], True)  # one dropped
+    assert not forwardable(implicit_batch, implicit_batch.records, True)  # headers to add
+    assert forwardable(implicit_batch, implicit_batch.records, False)
+    # Read by the reference reader (an encoding no client writes): rebuilt, never forwarded.
+    assert not forwardable(replace(explicit_batch, canonical=False), explicit_batch.records, True)
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def kafka_python_build(records: Sequence[IncomingRecord], codec: int, log_append: bool) -> bytes:
+    """build_batch as it was with kafka-python's builder, to compare the compiled one to."""
+    builder: Any = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=9,
+        producer_epoch=1,
+        base_sequence=5,
+        batch_size=1 << 30,
+    )
+    for offset, record in enumerate(records):
+        builder.append(offset, record.timestamp, record.key, record.value, list(record.headers))
+    buffer = bytes(builder.build())
+    body = buffer[HEADER_SIZE:]
+    if codec:
+        body = batches._ENCODERS[codec](body)
+    values = list(HEADER.unpack_from(buffer))
+    values[F_LENGTH] = HEADER_SIZE - 12 + len(body)
+    values[F_ATTRIBUTES] = codec | (0x08 if log_append else 0)
+    return fix_crc(HEADER.pack(*values) + body)
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@CASES
+@given(items=st.lists(specs, min_size=1, max_size=10), log_append=st.booleans())
+def test_compiled_builder_writes_kafka_pythons_bytes(
+    codec: int, items: list[Spec], log_append: bool
+) -> None:
+    records = client_records(items)
+    built = build_batch(
+        records,
+        compression=codec,
+        timestamp_type=int(log_append),
+        producer_id=9,
+        producer_epoch=1,
+        base_sequence=5,
+        add_identity_headers=False,
+    )
+    expected = kafka_python_build(records, codec, log_append)
+    # All but the partition leader epoch (set by the broker): -1 as the Java client's.
+    assert built[:12] + built[16:] == expected[:12] + expected[16:]
+    assert built[12:16] == b"\xff\xff\xff\xff"
