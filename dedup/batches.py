@@ -60,7 +60,7 @@ from crc32c import crc32c as _crc32c
 from kafka.record.default_records import DefaultRecordBatch
 from kio.schema.errors import ErrorCode
 
-from dedup.chunks import ChunkError, ChunkMeta, parse_chunk_headers
+from dedup.chunks import CHUNK_HEADERS, ChunkError, ChunkMeta, parse_chunk_headers
 from dedup.identity import (
     DEFAULT_PRODUCER_HEADER,
     DEFAULT_SEQUENCE_HEADER,
@@ -95,6 +95,7 @@ _CRC_OFFSET: Final = 17
 _ATTRIBUTES_OFFSET: Final = 21  # the CRC32C covers the batch from here to its end
 _PRODUCER_OFFSET: Final = 43
 _PRODUCER: Final = struct.Struct(">qhi")  # producer id, producer epoch, base sequence
+_RECORD_COUNT_OFFSET: Final = 57  # the header's last field, then the records
 _CODEC_MASK: Final = 0x07
 _TIMESTAMP_TYPE_MASK: Final = 0x08
 _TRANSACTIONAL_MASK: Final = 0x10
@@ -535,6 +536,7 @@ def _compiled_records(
 
 
 _ABSENT: Final = object()
+_CHUNK_NAMES: Final = frozenset(CHUNK_HEADERS)
 
 
 def _identity(
@@ -589,6 +591,11 @@ def _chunk(
 ) -> ChunkMeta | None:
     """The record's chunk headers, checked as far as the record alone can tell (the rest,
     against the chunks before it, is the check's: `dedup.chunks.accept_chunk`)."""
+    for name, _ in headers:
+        if name in _CHUNK_NAMES:
+            break
+    else:
+        return None  # the usual case, without parse_chunk_headers' bookkeeping
     try:
         meta = parse_chunk_headers(headers)
     except ChunkError as exc:
@@ -752,15 +759,16 @@ def restamp_batch(raw: bytes, producer_id: int, producer_epoch: int, base_sequen
             f"producer id {producer_id} needs an epoch and a base sequence >= 0, "
             f"not {producer_epoch} and {base_sequence} (Kafka refuses the batch)"
         )
-    out = bytearray(raw)
-    out[:8] = bytes(8)  # base offset 0: the broker assigns offsets
-    attributes = int.from_bytes(out[_ATTRIBUTES_OFFSET : _ATTRIBUTES_OFFSET + 2], "big")
-    out[_ATTRIBUTES_OFFSET : _ATTRIBUTES_OFFSET + 2] = (attributes & ~_TRANSACTIONAL_MASK).to_bytes(
-        2, "big"
-    )
-    _PRODUCER.pack_into(out, _PRODUCER_OFFSET, producer_id, producer_epoch, base_sequence)
-    _write_crc(out)
-    return bytes(out)
+    header = bytearray(raw[:_RECORD_COUNT_OFFSET])
+    header[:8] = bytes(8)  # base offset 0: the broker assigns offsets
+    attributes = int.from_bytes(header[_ATTRIBUTES_OFFSET : _ATTRIBUTES_OFFSET + 2], "big")
+    struct.pack_into(">h", header, _ATTRIBUTES_OFFSET, attributes & ~_TRANSACTIONAL_MASK)
+    _PRODUCER.pack_into(header, _PRODUCER_OFFSET, producer_id, producer_epoch, base_sequence)
+    # The records are the client's: one copy of them, and the CRC32C carried on over them.
+    records = memoryview(raw)[_RECORD_COUNT_OFFSET:]
+    crc = _crc32c(records, _crc32c(memoryview(header)[_ATTRIBUTES_OFFSET:]))
+    struct.pack_into(">I", header, _CRC_OFFSET, crc)
+    return b"".join((header, records))
 
 
 def forwardable(
