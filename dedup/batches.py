@@ -367,10 +367,24 @@ def _read_reference(
     )
 
 
+_ABSENT: Final = object()
+_CHUNK_NAMES: Final = frozenset(CHUNK_HEADERS)
+_SHORT_SEQUENCE: Final = 18  # digits: below 10**18 < 2**63, so no range check
+
+
 class _Identify:
     """Each record's identity and chunk headers, by the rules above, for one batch."""
 
-    __slots__ = ("base_sequence", "from_log", "implicit", "names", "with_identity")
+    __slots__ = (
+        "base_sequence",
+        "fast",
+        "from_log",
+        "implicit",
+        "names",
+        "producer",
+        "sequence",
+        "with_identity",
+    )
 
     def __init__(
         self,
@@ -382,6 +396,7 @@ class _Identify:
         base_sequence: int,
     ) -> None:
         self.names = names
+        self.producer, self.sequence = names.producer, names.sequence
         self.from_log = from_log
         self.base_sequence = base_sequence
         self.with_identity = not attributes & (_TRANSACTIONAL_MASK | _CONTROL_MASK)
@@ -389,12 +404,19 @@ class _Identify:
         self.implicit: str | None = None
         if self.with_identity and not from_log and producer_id >= 0 and base_sequence >= 0:
             self.implicit = implicit_producer(producer_id, producer_epoch)
+        # The shortcut below tells identity headers from chunk headers by name.
+        self.fast = not _CHUNK_NAMES.intersection((self.producer, self.sequence))
 
     def __call__(
         self, headers: tuple[tuple[str, bytes | None], ...], offset_delta: int, value: bytes | None
     ) -> tuple[Identity | None, ChunkMeta | None]:
         if not self.with_identity:
             return None, None
+        if self.fast:
+            found = self._usual(headers, offset_delta)
+            if found is not _ABSENT:
+                assert found is None or isinstance(found, Identity)
+                return found, None
         identity: Identity | None = None
         try:
             identity = _identity(
@@ -406,6 +428,36 @@ class _Identify:
                 raise
             # In the log a malformed header loses what it says, and nothing else.
             return identity, None
+
+    def _usual(self, headers: tuple[tuple[str, bytes | None], ...], offset_delta: int) -> object:
+        """The identity of a record without chunk headers whose identity is implicit, absent
+        or explicit with a sequence of at most 18 digits (always an int64), in one pass over
+        its headers; `_ABSENT` for any other record (`_identity` and `_chunk` decide)."""
+        producer_raw: object = _ABSENT
+        sequence_raw: object = _ABSENT
+        for name, raw in headers:
+            if name == self.producer:
+                producer_raw = raw
+            elif name == self.sequence:
+                sequence_raw = raw
+            elif name in _CHUNK_NAMES:
+                return _ABSENT
+        if producer_raw is _ABSENT and sequence_raw is _ABSENT:
+            if self.implicit is None:
+                return None
+            return Identity(self.implicit, implicit_sequence(self.base_sequence, offset_delta))
+        if (
+            isinstance(producer_raw, bytes)
+            and producer_raw
+            and isinstance(sequence_raw, bytes)
+            and len(sequence_raw) <= _SHORT_SEQUENCE
+            and sequence_raw.isdigit()  # ASCII digits only, as is_sequence_text
+        ):
+            try:
+                return Identity(producer_raw.decode("utf-8"), int(sequence_raw))
+            except UnicodeDecodeError:
+                return _ABSENT
+        return _ABSENT
 
 
 # The compiled reader (aiokafka's Cython `DefaultRecordBatch`, about ten times kafka-python's
@@ -533,10 +585,6 @@ def _compiled_records(
             IncomingRecord(offset_delta, timestamp, key, value, headers, identity, chunk)
         )
     return tuple(records) if shortest == body_size else None
-
-
-_ABSENT: Final = object()
-_CHUNK_NAMES: Final = frozenset(CHUNK_HEADERS)
 
 
 def _identity(

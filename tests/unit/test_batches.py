@@ -10,7 +10,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kafka.codec import snappy_encode
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
@@ -814,17 +814,13 @@ def varint(value: int, *, overlong: bool = False) -> bytes:
     return bytes(out)
 
 
-def hand_written_batch(fields: dict[str, bytes], *, overlong: str | None = None) -> bytes:
-    """One record, written field by field (a varint of `overlong` in 10 bytes), in a batch
-    with a right header and CRC."""
-    parts = {
-        "attributes": varint(0, overlong=overlong == "attributes"),
-        "timestamp_delta": varint(5, overlong=overlong == "timestamp_delta"),
-        "offset_delta": varint(0, overlong=overlong == "offset_delta"),
-        "key_length": varint(-1, overlong=overlong == "key_length"),
-    }
-    value = fields.get("value", b"v")
-    body = b"".join(parts.values()) + varint(len(value)) + value + varint(0)
+def hand_written_batch(values: dict[str, int], *, overlong: str | None = None) -> bytes:
+    """One record (value b"v"), written field by field: the varints in `values` instead of
+    the usual ones, the one named `overlong` in 10 bytes; a right header and CRC."""
+    fields = {"attributes": 0, "timestamp_delta": 5, "offset_delta": 0, "key_length": -1}
+    fields.update(values)
+    parts = [varint(value, overlong=overlong == name) for name, value in fields.items()]
+    body = b"".join(parts) + varint(1) + b"v" + varint(0)
     record = varint(len(body), overlong=overlong == "length") + body
     header = list(HEADER.unpack_from(VALID))
     header[F_LENGTH] = HEADER_SIZE - 12 + len(record)
@@ -847,6 +843,18 @@ def test_hand_written_batch_is_read_by_the_compiled_reader() -> None:
 def test_varints_beyond_64_bits_go_to_the_reference(field: str, from_log: bool) -> None:
     """aiokafka and kafka-python read these differently: the compiled path leaves them."""
     data = hand_written_batch({}, overlong=field)
+    assert batches._read_compiled(data, DEFAULT_HEADERS, from_log) is None
+    assert_read_alike(data, from_log=from_log)
+
+
+@pytest.mark.parametrize("field", ["timestamp_delta", "offset_delta"])
+@pytest.mark.parametrize("from_log", [False, True])
+def test_far_deltas_in_10_bytes_ending_odd_go_to_the_reference(field: str, from_log: bool) -> None:
+    """A delta beyond +-2**62 takes 10 bytes at its shortest, so an overlong copy ending in
+    an odd byte has the same length: the size check cannot tell, the bound on deltas does."""
+    far = -(1 << 62) - 5
+    assert len(varint(far)) == 10 == len(varint(far, overlong=True))
+    data = hand_written_batch({field: far}, overlong=field)
     assert batches._read_compiled(data, DEFAULT_HEADERS, from_log) is None
     assert_read_alike(data, from_log=from_log)
 
@@ -973,3 +981,66 @@ def test_compiled_builder_writes_kafka_pythons_bytes(
     # All but the partition leader epoch (set by the broker): -1 as the Java client's.
     assert built[:12] + built[16:] == expected[:12] + expected[16:]
     assert built[12:16] == b"\xff\xff\xff\xff"
+
+
+# --------------------------------------------------------------------------- identity shortcut
+
+# Sequences near the int64 ends and the shortcut's 18 digits, with zeros in front or not.
+INT64_EDGES = [(1 << 63) - 1, 1 << 63, -(1 << 63), -(1 << 63) - 1, 10**18 - 1, 10**18, 1 << 64]
+edge_texts = st.builds(
+    lambda n, zeros: (b"-" if n < 0 else b"") + b"0" * zeros + str(abs(n)).encode(),
+    st.sampled_from(INT64_EDGES),
+    st.integers(0, 2),
+)
+sequence_texts = st.one_of(
+    edge_texts,
+    st.integers(-(1 << 64), 1 << 64).map(lambda n: str(n).encode()),
+    st.text("0123456789+- x", max_size=22).map(str.encode),
+    st.just("\u0661".encode()),
+)
+producer_values = st.sampled_from([b"p", b"app-1", "\u00e9".encode(), b"", b"\xff"]) | st.none()
+identity_like_headers = st.one_of(
+    st.tuples(st.just(HEADER_PRODUCER), producer_values),
+    st.tuples(st.just(HEADER_SEQUENCE), st.none() | sequence_texts),
+    st.tuples(st.just("x"), st.none() | st.binary(max_size=6)),
+    st.tuples(st.sampled_from(CHUNK_HEADERS), st.none() | st.binary(max_size=6)),
+)
+
+
+def shortcut_case(sequence: bytes) -> Any:
+    headers = ((HEADER_PRODUCER, b"p"), (HEADER_SEQUENCE, sequence))
+    return example(headers=headers, producer=Producer(-1, -1, -1), from_log=False)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    headers=st.lists(identity_like_headers, max_size=6).map(tuple),
+    producer=producers,
+    from_log=st.booleans(),
+)
+@shortcut_case(b"9" * 18)
+@shortcut_case(b"9223372036854775807")
+@shortcut_case(b"9223372036854775808")
+@shortcut_case(b"0" * 17 + b"1")
+@shortcut_case(b"0" * 18 + b"1")
+def test_identity_shortcut_agrees_with_the_rules(
+    headers: tuple[tuple[str, bytes | None], ...], producer: Producer, from_log: bool
+) -> None:
+    """Usual records take a shortcut past `_identity` and `_chunk`: same result for any."""
+
+    def identify(fast: bool) -> object:
+        rules = batches._Identify(
+            DEFAULT_HEADERS,
+            from_log,
+            0,
+            producer.producer_id,
+            producer.producer_epoch,
+            producer.base_sequence,
+        )
+        rules.fast = fast
+        try:
+            return rules(headers, 3, b"value")
+        except BadBatch as error:
+            return error.error_code, error.message
+
+    assert identify(True) == identify(False)
