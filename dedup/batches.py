@@ -165,6 +165,8 @@ class IncomingBatch:
     # Read by the compiled reader: every record in its shortest encoding, so Kafka reads
     # `raw` as the proxy did, and `restamp_batch` may forward it.
     canonical: bool = False
+    # Some record's identity is implicit, not in its headers: a rebuild would add them.
+    implicit_identities: bool = False
 
 
 def implicit_producer(producer_id: int, producer_epoch: int) -> str:
@@ -364,6 +366,7 @@ def _read_reference(
         raw=raw,
         base_offset=base_offset,
         last_offset_delta=last_offset_delta,
+        implicit_identities=identify.implicit_given,
     )
 
 
@@ -380,6 +383,7 @@ class _Identify:
         "fast",
         "from_log",
         "implicit",
+        "implicit_given",
         "names",
         "producer",
         "sequence",
@@ -404,6 +408,7 @@ class _Identify:
         self.implicit: str | None = None
         if self.with_identity and not from_log and producer_id >= 0 and base_sequence >= 0:
             self.implicit = implicit_producer(producer_id, producer_epoch)
+        self.implicit_given = False  # to a record so far
         # The shortcut below tells identity headers from chunk headers by name.
         self.fast = not _CHUNK_NAMES.intersection((self.producer, self.sequence))
 
@@ -422,6 +427,8 @@ class _Identify:
             identity = _identity(
                 headers, offset_delta, self.names, self.implicit, self.base_sequence
             )
+            if identity is not None and not any(name == self.producer for name, _ in headers):
+                self.implicit_given = True
             return identity, _chunk(headers, offset_delta, self.names, identity, value)
         except BadBatch:
             if not self.from_log:
@@ -445,6 +452,7 @@ class _Identify:
         if producer_raw is _ABSENT and sequence_raw is _ABSENT:
             if self.implicit is None:
                 return None
+            self.implicit_given = True
             return Identity(self.implicit, implicit_sequence(self.base_sequence, offset_delta))
         if (
             isinstance(producer_raw, bytes)
@@ -550,6 +558,7 @@ def _read_compiled(raw: bytes, names: IdentityHeaders, from_log: bool) -> Incomi
         base_offset=base_offset,
         last_offset_delta=last_offset_delta,
         canonical=True,
+        implicit_identities=identify.implicit_given,
     )
 
 
@@ -820,21 +829,12 @@ def restamp_batch(raw: bytes, producer_id: int, producer_epoch: int, base_sequen
 
 
 def forwardable(
-    batch: IncomingBatch,
-    kept: Sequence[IncomingRecord],
-    add_identity_headers: bool,
-    headers: IdentityHeaders = DEFAULT_HEADERS,
+    batch: IncomingBatch, kept: Sequence[IncomingRecord], add_identity_headers: bool
 ) -> bool:
     """Whether `restamp_batch` of the client's bytes writes what `build_batch` would: a
     canonical batch (`IncomingBatch.canonical`) with every record kept, none to be given
-    identity headers (each identity is in its own headers already, or
-    `add_identity_headers` is off)."""
+    identity headers (no implicit identity, or `add_identity_headers` off). Constant time:
+    what it needs was found while reading."""
     if len(kept) != len(batch.records) or batch.control or not batch.canonical:
         return False
-    if not add_identity_headers:
-        return True
-    producer = headers.producer
-    return all(
-        record.identity is None or any(name == producer for name, _ in record.headers)
-        for record in kept
-    )
+    return not (add_identity_headers and batch.implicit_identities)

@@ -712,7 +712,7 @@ def _builder(
     (`dedup.batches.forwardable`); any other is rebuilt from the records kept."""
     add_identity_headers = item.mode is not Mode.DISABLED
     plan = [
-        (batch, records, forwardable(batch, records, add_identity_headers, headers))
+        (batch, records, forwardable(batch, records, add_identity_headers))
         for batch, records in zip(item.batches, kept, strict=True)
         if records
     ]

@@ -749,6 +749,12 @@ def test_compiled_reader_reads_valid_batches_as_the_reference(
     assert outcome(data, headers=names, from_log=from_log) == expected
     if isinstance(expected, list):  # read, not refused: by the compiled codec, no fallback
         assert batches._read_compiled(data, names, from_log) is not None
+        # Found while reading: whether a rebuild would add identity headers to a record.
+        [batch] = expected
+        assert batch.implicit_identities == any(
+            r.identity is not None and all(n != names.producer for n, _ in r.headers)
+            for r in batch.records
+        )
     else:  # only the identity rules refuse a client's batch (here: headers named app, n)
         assert names != DEFAULT_HEADERS
 
