@@ -271,7 +271,8 @@ def _read_reference(
     raw: bytes, index: int, names: IdentityHeaders, from_log: bool
 ) -> IncomingBatch:
     """kafka-python's pure-Python reader with every check of a produce request: the rules.
-    Slow (about ten times the compiled reader), so only for what `_read_compiled` leaves."""
+    Its codec is over ten times slower than the compiled one, so it reads only what
+    `_read_compiled` leaves."""
     batch: Any = DefaultRecordBatch(raw)
     if not batch.validate_crc():
         computed = _crc32c(memoryview(raw)[_ATTRIBUTES_OFFSET:])
@@ -468,9 +469,9 @@ class _Identify:
         return _ABSENT
 
 
-# The compiled reader (aiokafka's Cython `DefaultRecordBatch`, about ten times kafka-python's
-# speed) parses records; `_read_compiled` gives its result only when it is provably the one
-# the reference reader would give, else None. Where the two codecs differ:
+# The compiled reader (aiokafka's Cython `DefaultRecordBatch`, over ten times kafka-python's
+# speed; benchmarks/README.md) parses records; `_read_compiled` gives its result only when
+# it is provably the one the reference reader would give, else None. Where the two differ:
 # - aiokafka adds 64-bit integers (base offset + offset delta, first timestamp + delta)
 #   with wrap-around, kafka-python without: it is given a header copy with base offset and
 #   first timestamp 0, and the timestamp is added here in Python;
@@ -614,14 +615,6 @@ def _identity(
         if implicit is None:
             return None
         return Identity(implicit, implicit_sequence(base_sequence, offset_delta))
-    if producer_raw and isinstance(producer_raw, bytes) and isinstance(sequence_raw, bytes):
-        # The usual case first, without building the messages of the checks below.
-        sequence = parse_sequence(sequence_raw)
-        if sequence is not None:
-            try:
-                return Identity(producer_raw.decode("utf-8"), sequence)
-            except UnicodeDecodeError:
-                pass  # refused below, with its message
     where = f"record at offset delta {offset_delta}"
     if producer_raw is _ABSENT:
         raise BadBatch(
