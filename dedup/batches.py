@@ -1,8 +1,10 @@
 """Record batches of one partition: reading them with each record's identity, and building
 the batch the proxy forwards from the records it keeps.
 
-The record-batch format (magic 2), CRC32C and the codecs are kafka-python's
-(`DefaultRecordBatch`, `DefaultRecordBatchBuilder`, `kafka.codec`); this module adds the
+The record-batch format (magic 2) is read and written by aiokafka's compiled codec
+(`aiokafka.record._crecords`), with kafka-python's pure-Python reader as the reference for
+what it must read alike (`_read_compiled`: input it cannot vouch for goes to the reference),
+`kafka.codec` for compression and the `crc32c` package for CRC32C; this module adds the
 checks a broker makes on a produce request, with the broker's error codes, and the identity
 rules (names and sequence text: `dedup.identity`; docs/design.md, "1. Identity"):
 
@@ -45,17 +47,20 @@ occur, and identity comes from headers only (see `read_batches`).
 
 from __future__ import annotations
 
+import struct
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import kafka.codec as _codec
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
-from kafka.record.util import calc_crc32c
+from aiokafka.record._crecords import DefaultRecordBatch as _CompiledBatch
+from aiokafka.record._crecords import DefaultRecordBatchBuilder as _CompiledBuilder
+from crc32c import crc32c as _crc32c
+from kafka.record.default_records import DefaultRecordBatch
 from kio.schema.errors import ErrorCode
 
-from dedup.chunks import ChunkError, ChunkMeta, parse_chunk_headers
+from dedup.chunks import CHUNK_HEADERS, ChunkError, ChunkMeta, parse_chunk_headers
 from dedup.identity import (
     DEFAULT_PRODUCER_HEADER,
     DEFAULT_SEQUENCE_HEADER,
@@ -79,13 +84,18 @@ CODEC_NAMES: Final = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 TIMESTAMP_CREATE_TIME: Final = 0
 TIMESTAMP_LOG_APPEND_TIME: Final = 1
 
-# Batch layout constants, from kafka-python's own struct.
-_HEADER = DefaultRecordBatch.HEADER_STRUCT
+# The batch header: base offset, length, partition leader epoch, magic, CRC, attributes,
+# last offset delta, first and max timestamp, producer id, producer epoch, base sequence,
+# record count (Kafka's DefaultRecordBatch; kafka-python's HEADER_STRUCT is the same).
+_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE: Final[int] = _HEADER.size  # 61: Kafka's RECORD_BATCH_OVERHEAD
 _LOG_OVERHEAD: Final = 12  # base offset (8) + length (4)
 _MAGIC_OFFSET: Final = 16
-_ATTRIBUTES_OFFSET: Final[int] = DefaultRecordBatch.ATTRIBUTES_OFFSET
-_CRC_OFFSET: Final[int] = DefaultRecordBatch.CRC_OFFSET
+_CRC_OFFSET: Final = 17
+_ATTRIBUTES_OFFSET: Final = 21  # the CRC32C covers the batch from here to its end
+_PRODUCER_OFFSET: Final = 43
+_PRODUCER: Final = struct.Struct(">qhi")  # producer id, producer epoch, base sequence
+_RECORD_COUNT_OFFSET: Final = 57  # the header's last field, then the records
 _CODEC_MASK: Final = 0x07
 _TIMESTAMP_TYPE_MASK: Final = 0x08
 _TRANSACTIONAL_MASK: Final = 0x10
@@ -152,6 +162,11 @@ class IncomingBatch:
     # Where the batch sits in a log (from_log); 0 and n-1 in a produce request.
     base_offset: int = 0
     last_offset_delta: int = -1
+    # Read by the compiled reader: every record in its shortest encoding, so Kafka reads
+    # `raw` as the proxy did, and `restamp_batch` may forward it.
+    canonical: bool = False
+    # Some record's identity is implicit, not in its headers: a rebuild would add them.
+    implicit_identities: bool = False
 
 
 def implicit_producer(producer_id: int, producer_epoch: int) -> str:
@@ -243,9 +258,24 @@ def read_batches(
 
 
 def _read_batch(raw: bytes, index: int, names: IdentityHeaders, from_log: bool) -> IncomingBatch:
+    """The compiled reader where it is sure to read what the reference reader reads; the
+    reference reader for everything else: bad input (its checks and messages are the
+    rules) and encodings no client writes."""
+    batch = _read_compiled(raw, names, from_log)
+    if batch is None:
+        batch = _read_reference(raw, index, names, from_log)
+    return batch
+
+
+def _read_reference(
+    raw: bytes, index: int, names: IdentityHeaders, from_log: bool
+) -> IncomingBatch:
+    """kafka-python's pure-Python reader with every check of a produce request: the rules.
+    Its codec is over ten times slower than the compiled one, so it reads only what
+    `_read_compiled` leaves."""
     batch: Any = DefaultRecordBatch(raw)
     if not batch.validate_crc():
-        computed = calc_crc32c(memoryview(raw)[_ATTRIBUTES_OFFSET:])
+        computed = _crc32c(memoryview(raw)[_ATTRIBUTES_OFFSET:])
         raise BadBatch(
             ErrorCode.corrupt_message,
             f"batch {index} is corrupt: stored CRC32C {int(batch.crc):#010x}, "
@@ -291,11 +321,7 @@ def _read_batch(raw: bytes, index: int, names: IdentityHeaders, from_log: bool) 
             ErrorCode.invalid_record,
             f"batch {index}: its {codec_name} payload does not decompress: {_describe(exc)}",
         ) from exc
-    with_identity = not transactional and not control
-    implicit: str | None = None  # the implicit producer of records without identity headers
-    if with_identity and not from_log and producer_id >= 0 and base_sequence >= 0:
-        implicit = implicit_producer(producer_id, producer_epoch)
-
+    identify = _Identify(names, from_log, attributes, producer_id, producer_epoch, base_sequence)
     base_offset = int(batch.base_offset)
     records: list[IncomingRecord] = []
     position = 0
@@ -309,18 +335,7 @@ def _read_batch(raw: bytes, index: int, names: IdentityHeaders, from_log: bool) 
                     f"expected {position}",
                 )
             record_headers: tuple[tuple[str, bytes | None], ...] = tuple(record.headers)
-            identity: Identity | None = None
-            chunk: ChunkMeta | None = None
-            if with_identity:
-                try:
-                    identity = _identity(
-                        record_headers, offset_delta, names, implicit, base_sequence
-                    )
-                    chunk = _chunk(record_headers, offset_delta, names, identity, record.value)
-                except BadBatch:
-                    if not from_log:
-                        raise
-                    chunk = None
+            identity, chunk = identify(record_headers, offset_delta, record.value)
             records.append(
                 IncomingRecord(
                     offset_delta=offset_delta,
@@ -352,10 +367,234 @@ def _read_batch(raw: bytes, index: int, names: IdentityHeaders, from_log: bool) 
         raw=raw,
         base_offset=base_offset,
         last_offset_delta=last_offset_delta,
+        implicit_identities=identify.implicit_given,
     )
 
 
 _ABSENT: Final = object()
+_CHUNK_NAMES: Final = frozenset(CHUNK_HEADERS)
+_SHORT_SEQUENCE: Final = 18  # digits: below 10**18 < 2**63, so no range check
+
+
+class _Identify:
+    """Each record's identity and chunk headers, by the rules above, for one batch."""
+
+    __slots__ = (
+        "base_sequence",
+        "fast",
+        "from_log",
+        "implicit",
+        "implicit_given",
+        "names",
+        "producer",
+        "sequence",
+        "with_identity",
+    )
+
+    def __init__(
+        self,
+        names: IdentityHeaders,
+        from_log: bool,
+        attributes: int,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+    ) -> None:
+        self.names = names
+        self.producer, self.sequence = names.producer, names.sequence
+        self.from_log = from_log
+        self.base_sequence = base_sequence
+        self.with_identity = not attributes & (_TRANSACTIONAL_MASK | _CONTROL_MASK)
+        # The implicit producer of records without identity headers.
+        self.implicit: str | None = None
+        if self.with_identity and not from_log and producer_id >= 0 and base_sequence >= 0:
+            self.implicit = implicit_producer(producer_id, producer_epoch)
+        self.implicit_given = False  # to a record so far
+        # The shortcut below tells identity headers from chunk headers by name.
+        self.fast = not _CHUNK_NAMES.intersection((self.producer, self.sequence))
+
+    def __call__(
+        self, headers: tuple[tuple[str, bytes | None], ...], offset_delta: int, value: bytes | None
+    ) -> tuple[Identity | None, ChunkMeta | None]:
+        if not self.with_identity:
+            return None, None
+        if self.fast:
+            found = self._usual(headers, offset_delta)
+            if found is not _ABSENT:
+                assert found is None or isinstance(found, Identity)
+                return found, None
+        identity: Identity | None = None
+        try:
+            identity = _identity(
+                headers, offset_delta, self.names, self.implicit, self.base_sequence
+            )
+            if identity is not None and not any(name == self.producer for name, _ in headers):
+                self.implicit_given = True
+            return identity, _chunk(headers, offset_delta, self.names, identity, value)
+        except BadBatch:
+            if not self.from_log:
+                raise
+            # In the log a malformed header loses what it says, and nothing else.
+            return identity, None
+
+    def _usual(self, headers: tuple[tuple[str, bytes | None], ...], offset_delta: int) -> object:
+        """The identity of a record without chunk headers whose identity is implicit, absent
+        or explicit with a sequence of at most 18 digits (always an int64), in one pass over
+        its headers; `_ABSENT` for any other record (`_identity` and `_chunk` decide)."""
+        producer_raw: object = _ABSENT
+        sequence_raw: object = _ABSENT
+        for name, raw in headers:
+            if name == self.producer:
+                producer_raw = raw
+            elif name == self.sequence:
+                sequence_raw = raw
+            elif name in _CHUNK_NAMES:
+                return _ABSENT
+        if producer_raw is _ABSENT and sequence_raw is _ABSENT:
+            if self.implicit is None:
+                return None
+            self.implicit_given = True
+            return Identity(self.implicit, implicit_sequence(self.base_sequence, offset_delta))
+        if (
+            isinstance(producer_raw, bytes)
+            and producer_raw
+            and isinstance(sequence_raw, bytes)
+            and len(sequence_raw) <= _SHORT_SEQUENCE
+            and sequence_raw.isdigit()  # ASCII digits only, as is_sequence_text
+        ):
+            try:
+                return Identity(producer_raw.decode("utf-8"), int(sequence_raw))
+            except UnicodeDecodeError:
+                return _ABSENT
+        return _ABSENT
+
+
+# The compiled reader (aiokafka's Cython `DefaultRecordBatch`, over ten times kafka-python's
+# speed; benchmarks/README.md) parses records; `_read_compiled` gives its result only when
+# it is provably the one the reference reader would give, else None. Where the two differ:
+# - aiokafka adds 64-bit integers (base offset + offset delta, first timestamp + delta)
+#   with wrap-around, kafka-python without: it is given a header copy with base offset and
+#   first timestamp 0, and the timestamp is added here in Python;
+# - aiokafka reads a varint's first byte in bounds but the rest unchecked (kafka-python
+#   raises IndexError): the bytes it reads sit in `_PADDING`, and a record that ends past
+#   the data is refused all the same (its length check, or the next record's);
+# - a 10-byte varint whose last byte is 2 or more: aiokafka drops the bits beyond 64, as
+#   Kafka's Java reader does, kafka-python keeps them. No client writes one (every encoder
+#   writes the shortest varint), so a batch is only taken from the compiled reader when
+#   its records are exactly as long as their shortest encoding (`_SIZER`) and its deltas
+#   far from the 64-bit ends (a 10-byte varint ending in an odd byte keeps its length).
+# Bad input of any kind (a check fails, a record does not parse) goes to the reference
+# reader too: its messages are the rules, and the compiled path need not repeat them.
+_PADDING: Final = bytes(64)
+_SAFE_DELTA: Final = 1 << 62
+_INT32_MAX: Final = (1 << 31) - 1
+_HEADER_CODEC_FREE: Final = ~(_CODEC_MASK | _TIMESTAMP_TYPE_MASK)
+# A builder whose first timestamp is 0: its size_in_bytes(offset delta, timestamp delta,
+# key, value, headers) is a record's shortest encoding, length prefix included.
+_SIZER: Final[Any] = _CompiledBuilder(2, CODEC_NONE, 0, -1, -1, -1, sys.maxsize)
+_SIZER.append(0, 0, None, None, [])
+
+
+def _decompressed(codec: int, payload: memoryview) -> bytes | memoryview | None:
+    """The records of a batch, decompressed by the codecs kafka-python's reader uses (so
+    the same bytes); None when that fails (the reference reader says why)."""
+    try:
+        if codec == CODEC_NONE:
+            return payload
+        if codec == CODEC_GZIP:
+            return bytes(_codec.gzip_decode(payload))
+        if codec == CODEC_SNAPPY:
+            return bytes(_codec.snappy_decode(payload.tobytes()))
+        if codec == CODEC_LZ4:
+            return bytes(_codec.lz4_decode(payload.tobytes()))
+        return bytes(_codec.zstd_decode(payload.tobytes()))
+    except Exception:
+        return None
+
+
+def _read_compiled(raw: bytes, names: IdentityHeaders, from_log: bool) -> IncomingBatch | None:
+    """The batch read by the compiled codec, or None: the reference reader decides."""
+    fields = _HEADER.unpack_from(raw)
+    base_offset, crc, attributes, last_offset_delta = fields[0], fields[4], fields[5], fields[6]
+    first_timestamp, max_timestamp, producer_id, producer_epoch = fields[7:11]
+    base_sequence, count = fields[11], fields[12]
+    codec = attributes & _CODEC_MASK
+    if (
+        _crc32c(memoryview(raw)[_ATTRIBUTES_OFFSET:]) != crc
+        or codec not in CODEC_NAMES
+        or attributes & _CONTROL_MASK  # kafka-python reads control records as markers
+        or count <= 0
+        or (not from_log and last_offset_delta != count - 1)
+        or (not from_log and producer_id >= 0 and base_sequence < 0)
+    ):
+        return None
+    body = _decompressed(codec, memoryview(raw)[HEADER_SIZE:])
+    if body is None:
+        return None
+    header = _HEADER.pack(
+        0, 0, -1, 2, 0, attributes & _HEADER_CODEC_FREE, last_offset_delta, 0, 0, *fields[9:]
+    )
+    size = HEADER_SIZE + len(body)
+    buffer = memoryview(b"".join((header, body, _PADDING)))[:size]
+    log_append = bool(attributes & _TIMESTAMP_TYPE_MASK)
+    identify = _Identify(names, from_log, attributes, producer_id, producer_epoch, base_sequence)
+    try:
+        records = _compiled_records(
+            buffer, identify, first_timestamp, max_timestamp if log_append else None, len(body)
+        )
+    except Exception:
+        return None
+    if records is None:
+        return None
+    return IncomingBatch(
+        records=records,
+        compression=codec,
+        timestamp_type=int(log_append),
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        transactional=bool(attributes & _TRANSACTIONAL_MASK),
+        control=False,
+        raw=raw,
+        base_offset=base_offset,
+        last_offset_delta=last_offset_delta,
+        canonical=True,
+        implicit_identities=identify.implicit_given,
+    )
+
+
+def _compiled_records(
+    buffer: memoryview,
+    identify: _Identify,
+    first_timestamp: int,
+    log_append_time: int | None,
+    body_size: int,
+) -> tuple[IncomingRecord, ...] | None:
+    """The records of a normalized batch (base offset and first timestamp 0, no codec), or
+    None when the reference reader might read them otherwise. Raises on bad records."""
+    size_of = _SIZER.size_in_bytes
+    from_log = identify.from_log
+    records: list[IncomingRecord] = []
+    shortest = 0
+    for record in _CompiledBatch(buffer):
+        offset_delta: int = record.offset
+        delta: int = record.timestamp
+        if from_log:
+            if not 0 <= offset_delta <= _INT32_MAX:
+                return None
+        elif offset_delta != len(records):
+            return None
+        if not -_SAFE_DELTA < delta < _SAFE_DELTA:
+            return None
+        key, value, header_list = record.key, record.value, record.headers
+        shortest += size_of(offset_delta, delta, key, value, header_list)
+        headers = tuple(header_list)
+        identity, chunk = identify(headers, offset_delta, value)
+        timestamp = first_timestamp + delta if log_append_time is None else log_append_time
+        records.append(
+            IncomingRecord(offset_delta, timestamp, key, value, headers, identity, chunk)
+        )
+    return tuple(records) if shortest == body_size else None
 
 
 def _identity(
@@ -402,13 +641,19 @@ def _chunk(
 ) -> ChunkMeta | None:
     """The record's chunk headers, checked as far as the record alone can tell (the rest,
     against the chunks before it, is the check's: `dedup.chunks.accept_chunk`)."""
-    where = f"record at offset delta {offset_delta}"
+    for name, _ in headers:
+        if name in _CHUNK_NAMES:
+            break
+    else:
+        return None  # the usual case, without parse_chunk_headers' bookkeeping
     try:
         meta = parse_chunk_headers(headers)
     except ChunkError as exc:
-        raise BadBatch(ErrorCode.invalid_record, f"{where} {exc}") from None
+        message = f"record at offset delta {offset_delta} {exc}"
+        raise BadBatch(ErrorCode.invalid_record, message) from None
     if meta is None:
         return None
+    where = f"record at offset delta {offset_delta}"
     if identity is None or not any(name == names.producer for name, _ in headers):
         # An implicit identity numbers every record, so chunks could not share a sequence.
         raise BadBatch(
@@ -510,34 +755,29 @@ def build_batch(
             f"producer id {producer_id} needs an epoch and a base sequence >= 0, "
             f"not {producer_epoch} and {base_sequence} (Kafka refuses the batch)"
         )
-    builder: Any = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=CODEC_NONE,
-        is_transactional=False,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        batch_size=sys.maxsize,
+    # aiokafka's compiled builder writes the same records as kafka-python's (shortest
+    # varints, the same header) several times faster; its partition leader epoch is -1, as
+    # the Java client's (the broker sets it).
+    builder: Any = _CompiledBuilder(
+        2, CODEC_NONE, 0, producer_id, producer_epoch, base_sequence, sys.maxsize
     )
     for offset_delta, record in enumerate(records):
-        record_headers: Sequence[tuple[str, bytes | None]] = record.headers
+        record_headers: list[tuple[str, bytes | None]] = list(record.headers)
         identity = record.identity
         if (
             add_identity_headers
             and identity is not None
             and not any(name == headers.producer for name, _ in record_headers)
         ):
-            record_headers = [
-                *record_headers,
-                (headers.producer, identity.producer.encode("utf-8")),
-                (headers.sequence, str(identity.sequence).encode("ascii")),
-            ]
+            record_headers.append((headers.producer, identity.producer.encode("utf-8")))
+            record_headers.append((headers.sequence, str(identity.sequence).encode("ascii")))
         builder.append(offset_delta, record.timestamp, record.key, record.value, record_headers)
     buffer: bytearray = builder.build()
     if compression == CODEC_NONE and timestamp_type == TIMESTAMP_CREATE_TIME:
         return bytes(buffer)
-    # kafka-python's builder cannot set the timestamp type and drops a codec that does not
-    # shrink the payload: compress here and rewrite the header's length, attributes and CRC.
+    # The builders cannot set the timestamp type, and aiokafka's would compress with its own
+    # settings (gzip level 9, kafka-python's too): compress here and rewrite the header's
+    # length, attributes and CRC.
     body = bytes(buffer[HEADER_SIZE:])
     if compression != CODEC_NONE:
         body = _ENCODERS[compression](body)
@@ -547,6 +787,47 @@ def build_batch(
     fields[5] = compression | (_TIMESTAMP_TYPE_MASK if timestamp_type else 0)  # attributes
     out = bytearray(_HEADER.pack(*fields))
     out += body
-    crc = calc_crc32c(memoryview(out)[_ATTRIBUTES_OFFSET:])
-    out[_CRC_OFFSET : _CRC_OFFSET + 4] = int(crc).to_bytes(4, "big")
+    _write_crc(out)
     return bytes(out)
+
+
+def _write_crc(batch: bytearray) -> None:
+    crc = _crc32c(memoryview(batch)[_ATTRIBUTES_OFFSET:])
+    struct.pack_into(">I", batch, _CRC_OFFSET, crc)
+
+
+def restamp_batch(raw: bytes, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
+    """A client's batch as it is, under the proxy's producer: its records untouched (not
+    even decompressed), the header's producer id, epoch and base sequence replaced, base
+    offset 0, not transactional, the CRC32C recomputed. What `build_batch` would write for
+    the same records when none is dropped and no header is added, at the cost of a copy
+    and a CRC (a rebuild decodes and encodes every record, and compresses again)."""
+    if len(raw) < HEADER_SIZE:
+        raise ValueError(f"a record batch has at least {HEADER_SIZE} bytes, not {len(raw)}")
+    if producer_id >= 0 and (producer_epoch < 0 or base_sequence < 0):
+        raise ValueError(
+            f"producer id {producer_id} needs an epoch and a base sequence >= 0, "
+            f"not {producer_epoch} and {base_sequence} (Kafka refuses the batch)"
+        )
+    header = bytearray(raw[:_RECORD_COUNT_OFFSET])
+    header[:8] = bytes(8)  # base offset 0: the broker assigns offsets
+    attributes = int.from_bytes(header[_ATTRIBUTES_OFFSET : _ATTRIBUTES_OFFSET + 2], "big")
+    struct.pack_into(">h", header, _ATTRIBUTES_OFFSET, attributes & ~_TRANSACTIONAL_MASK)
+    _PRODUCER.pack_into(header, _PRODUCER_OFFSET, producer_id, producer_epoch, base_sequence)
+    # The records are the client's: one copy of them, and the CRC32C carried on over them.
+    records = memoryview(raw)[_RECORD_COUNT_OFFSET:]
+    crc = _crc32c(records, _crc32c(memoryview(header)[_ATTRIBUTES_OFFSET:]))
+    struct.pack_into(">I", header, _CRC_OFFSET, crc)
+    return b"".join((header, records))
+
+
+def forwardable(
+    batch: IncomingBatch, kept: Sequence[IncomingRecord], add_identity_headers: bool
+) -> bool:
+    """Whether `restamp_batch` of the client's bytes writes what `build_batch` would: a
+    canonical batch (`IncomingBatch.canonical`) with every record kept, none to be given
+    identity headers (no implicit identity, or `add_identity_headers` off). Constant time:
+    what it needs was found while reading."""
+    if len(kept) != len(batch.records) or batch.control or not batch.canonical:
+        return False
+    return not (add_identity_headers and batch.implicit_identities)

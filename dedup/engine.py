@@ -54,7 +54,9 @@ from dedup.batches import (
     IncomingBatch,
     IncomingRecord,
     build_batch,
+    forwardable,
     read_batches,
+    restamp_batch,
 )
 from dedup.chunks import ChunkMeta, ChunkProgress
 from dedup.ownership.owner import Redirect
@@ -73,6 +75,10 @@ SETTLE_WAIT_S = 30.0  # how long a request waits for the reset after a failed wr
 # How long a request waits, in line, for its partition's recovery before it is told
 # NOT_LEADER_OR_FOLLOWER (retry). Waiting keeps the partition's requests in order.
 FIRST_USE_WAIT_S = 10.0
+# Partition data larger than this is read in a worker thread, so that other connections'
+# requests go on meanwhile (a 100 MB batch takes the reader a second or more); smaller data
+# is read on the event loop, cheaper than the hop to a thread (some 50 µs).
+READ_IN_THREAD_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,8 +268,10 @@ class DedupEngine:
         timeout_ms = int(request.timeout.total_seconds() * 1000)
         try:
             try:
+                # Reading may wait for a worker thread: this request's places in line are
+                # taken already (admit), so a request behind it still waits for its turn.
                 for item in work:
-                    self._read(item, parts[item.key])
+                    await self._read(item, parts[item.key])
                 # Check and sequence assignment happen in arrival order per partition: a
                 # request checked later must never reach the log ahead of one that arrived
                 # earlier, or the earlier one's records would read as old duplicates.
@@ -292,9 +300,13 @@ class DedupEngine:
 
     # ------------------------------------------------------------- 2. read
 
-    def _read(self, item: _Work, data: bytes | None) -> None:
+    async def _read(self, item: _Work, data: bytes | None) -> None:
+        data = data or b""
         try:
-            item.batches = read_batches(data or b"", self._headers)
+            if len(data) > READ_IN_THREAD_BYTES:
+                item.batches = await asyncio.to_thread(read_batches, data, self._headers)
+            else:
+                item.batches = read_batches(data, self._headers)
         except BadBatch as bad:
             metrics.BAD_INPUT.labels(ErrorCode(bad.error_code).name).inc()
             log.warning(
@@ -692,27 +704,38 @@ def _highest_kept(item: _Work) -> dict[str, Persisted]:
     return highest
 
 
-def _builder(item: _Work, kept: Sequence[Sequence[Any]], headers: IdentityHeaders) -> Any:
-    """The batch bytes for the writer: one output batch per input batch, sequences in a row."""
+def _builder(
+    item: _Work, kept: Sequence[Sequence[IncomingRecord]], headers: IdentityHeaders
+) -> Callable[[int, int, int], bytes]:
+    """The batch bytes for the writer: one output batch per input batch, sequences in a row.
+    A batch with nothing dropped and no header to add is the client's own bytes, restamped
+    (`dedup.batches.forwardable`); any other is rebuilt from the records kept."""
+    add_identity_headers = item.mode is not Mode.DISABLED
+    plan = [
+        (batch, records, forwardable(batch, records, add_identity_headers))
+        for batch, records in zip(item.batches, kept, strict=True)
+        if records
+    ]
 
     def build(producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
         parts = []
         sequence = base_sequence
-        for batch, records in zip(item.batches, kept, strict=True):
-            if not records:
-                continue
-            parts.append(
-                build_batch(
-                    records,
-                    compression=batch.compression,
-                    timestamp_type=batch.timestamp_type,
-                    producer_id=producer_id,
-                    producer_epoch=producer_epoch,
-                    base_sequence=sequence,
-                    add_identity_headers=item.mode is not Mode.DISABLED,
-                    headers=headers,
+        for batch, records, as_is in plan:
+            if as_is:
+                parts.append(restamp_batch(batch.raw, producer_id, producer_epoch, sequence))
+            else:
+                parts.append(
+                    build_batch(
+                        records,
+                        compression=batch.compression,
+                        timestamp_type=batch.timestamp_type,
+                        producer_id=producer_id,
+                        producer_epoch=producer_epoch,
+                        base_sequence=sequence,
+                        add_identity_headers=add_identity_headers,
+                        headers=headers,
+                    )
                 )
-            )
             sequence = (sequence + len(records)) % (1 << 31)
         return b"".join(parts)
 

@@ -7,15 +7,17 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kafka.codec import snappy_encode
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 from kio.schema.errors import ErrorCode
 
+from dedup import batches
 from dedup.batches import (
     CODEC_NAMES,
     DEFAULT_HEADERS,
@@ -25,9 +27,12 @@ from dedup.batches import (
     BadBatch,
     Identity,
     IdentityHeaders,
+    IncomingBatch,
     IncomingRecord,
     build_batch,
+    forwardable,
     read_batches,
+    restamp_batch,
 )
 from dedup.chunks import CHUNK_HEADERS
 
@@ -661,3 +666,387 @@ def test_fuzz_flipped_valid_batches(
 def test_default_headers() -> None:
     assert IdentityHeaders(HEADER_PRODUCER, HEADER_SEQUENCE) == DEFAULT_HEADERS
     assert (HEADER_PRODUCER, HEADER_SEQUENCE) == ("dedup.producer", "dedup.sequence")
+
+
+# --------------------------------------------------------------------------- compiled reader
+#
+# read_batches reads with aiokafka's compiled codec where it can vouch for the result, and
+# with kafka-python's reader (the reference) otherwise. The reference alone is read_batches
+# with the compiled path switched off; the two must never differ, for any bytes.
+
+
+def reference(data: bytes, **kwargs: Any) -> list[IncomingBatch] | tuple[ErrorCode, str]:
+    with mock.patch.object(batches, "_read_compiled", return_value=None):
+        return outcome(data, **kwargs)
+
+
+def outcome(data: bytes, **kwargs: Any) -> list[IncomingBatch] | tuple[ErrorCode, str]:
+    """The batches read (`canonical` aside: it says which reader read them), or the error."""
+    try:
+        return [replace(b, canonical=False) for b in read_batches(data, **kwargs)]
+    except BadBatch as error:
+        return error.error_code, error.message
+
+
+def assert_read_alike(data: bytes, **kwargs: Any) -> None:
+    assert outcome(data, **kwargs) == reference(data, **kwargs)
+
+
+def client_batch(
+    items: Sequence[Spec],
+    codec: int,
+    client: Producer,
+    *,
+    transactional: bool = False,
+    log_append: bool = False,
+) -> bytes:
+    """A batch as a client writes it, by kafka-python's builder (the codec's own settings),
+    with the specs' timestamps."""
+    builder: Any = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=codec,
+        is_transactional=transactional,
+        producer_id=client.producer_id,
+        producer_epoch=client.producer_epoch,
+        base_sequence=client.base_sequence,
+        batch_size=1 << 30,
+    )
+    for offset, spec in enumerate(items):
+        builder.append(offset, spec.timestamp, spec.key, spec.value, list(spec.wire_headers()))
+    data = bytes(builder.build())
+    if log_append:  # (kafka-python's builder drops a codec that does not shrink the batch)
+        data = with_header(data, attributes=HEADER.unpack_from(data)[F_ATTRIBUTES] | 0x08)
+    return data
+
+
+def with_first_timestamp(batch: bytes, first: int) -> bytes:
+    values = list(HEADER.unpack_from(batch))
+    values[7] = first  # first timestamp: every record's timestamp is this plus its delta
+    return fix_crc(HEADER.pack(*values) + batch[HEADER_SIZE:])
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@CASES
+@given(
+    items=st.lists(specs, min_size=1, max_size=10),
+    client=producers,
+    transactional=st.booleans(),
+    log_append=st.booleans(),
+    from_log=st.booleans(),
+    names=st.sampled_from([DEFAULT_HEADERS, IdentityHeaders("app", "n")]),
+)
+def test_compiled_reader_reads_valid_batches_as_the_reference(
+    codec: int,
+    items: list[Spec],
+    client: Producer,
+    transactional: bool,
+    log_append: bool,
+    from_log: bool,
+    names: IdentityHeaders,
+) -> None:
+    data = client_batch(items, codec, client, transactional=transactional, log_append=log_append)
+    expected = reference(data, headers=names, from_log=from_log)
+    assert outcome(data, headers=names, from_log=from_log) == expected
+    if isinstance(expected, list):  # read, not refused: by the compiled codec, no fallback
+        assert batches._read_compiled(data, names, from_log) is not None
+        # Found while reading: whether a rebuild would add identity headers to a record.
+        [batch] = expected
+        assert batch.implicit_identities == any(
+            r.identity is not None and all(n != names.producer for n, _ in r.headers)
+            for r in batch.records
+        )
+    else:  # only the identity rules refuse a client's batch (here: headers named app, n)
+        assert names != DEFAULT_HEADERS
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    items=st.lists(specs, min_size=1, max_size=5),
+    client=producers,
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), min_size=1, max_size=4),
+    recompute_crc=st.booleans(),
+    cut=st.none() | st.integers(0, 10_000),
+    from_log=st.booleans(),
+)
+def test_compiled_reader_fuzz_mutated_batches_read_as_the_reference(
+    codec: int,
+    items: list[Spec],
+    client: Producer,
+    flips: list[tuple[int, int]],
+    recompute_crc: bool,
+    cut: int | None,
+    from_log: bool,
+) -> None:
+    data = bytearray(client_batch(items, codec, client))
+    for position, mask in flips:
+        data[position % len(data)] ^= mask
+    if recompute_crc:
+        data = bytearray(fix_crc(data))
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    assert_read_alike(bytes(data), from_log=from_log)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    payload=st.binary(min_size=HEADER_SIZE - 17, max_size=300),
+    codec=st.sampled_from(CODECS),
+    from_log=st.booleans(),
+)
+def test_compiled_reader_fuzz_random_records_read_as_the_reference(
+    payload: bytes, codec: int, from_log: bool
+) -> None:
+    data = with_header(
+        VALID[:HEADER_SIZE] + payload, length=HEADER_SIZE - 12 + len(payload), attributes=codec
+    )
+    assert_read_alike(data, from_log=from_log)
+
+
+def varint(value: int, *, overlong: bool = False) -> bytes:
+    """Kafka's zigzag varint; `overlong`: 10 bytes whose last has a bit beyond the 64th,
+    which kafka-python keeps and aiokafka (and Kafka) drops."""
+    unsigned = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    if overlong:
+        for shift in range(0, 63, 7):
+            out.append(((unsigned >> shift) & 0x7F) | 0x80)
+        out.append((unsigned >> 63) | 0x02)
+        return bytes(out)
+    while unsigned > 0x7F:
+        out.append((unsigned & 0x7F) | 0x80)
+        unsigned >>= 7
+    out.append(unsigned)
+    return bytes(out)
+
+
+def hand_written_batch(values: dict[str, int], *, overlong: str | None = None) -> bytes:
+    """One record (value b"v"), written field by field: the varints in `values` instead of
+    the usual ones, the one named `overlong` in 10 bytes; a right header and CRC."""
+    fields = {"attributes": 0, "timestamp_delta": 5, "offset_delta": 0, "key_length": -1}
+    fields.update(values)
+    parts = [varint(value, overlong=overlong == name) for name, value in fields.items()]
+    body = b"".join(parts) + varint(1) + b"v" + varint(0)
+    record = varint(len(body), overlong=overlong == "length") + body
+    header = list(HEADER.unpack_from(VALID))
+    header[F_LENGTH] = HEADER_SIZE - 12 + len(record)
+    header[F_COUNT], header[F_LAST_DELTA] = 1, 0
+    return fix_crc(HEADER.pack(*header) + record)
+
+
+def test_hand_written_batch_is_read_by_the_compiled_reader() -> None:
+    data = hand_written_batch({})
+    assert batches._read_compiled(data, DEFAULT_HEADERS, False) is not None
+    [batch] = read_batches(data)
+    assert batch.canonical
+    assert (batch.records[0].key, batch.records[0].value) == (None, b"v")
+
+
+@pytest.mark.parametrize(
+    "field", ["attributes", "timestamp_delta", "offset_delta", "key_length", "length"]
+)
+@pytest.mark.parametrize("from_log", [False, True])
+def test_varints_beyond_64_bits_go_to_the_reference(field: str, from_log: bool) -> None:
+    """aiokafka and kafka-python read these differently: the compiled path leaves them."""
+    data = hand_written_batch({}, overlong=field)
+    assert batches._read_compiled(data, DEFAULT_HEADERS, from_log) is None
+    assert_read_alike(data, from_log=from_log)
+
+
+@pytest.mark.parametrize("field", ["timestamp_delta", "offset_delta"])
+@pytest.mark.parametrize("from_log", [False, True])
+def test_far_deltas_in_10_bytes_ending_odd_go_to_the_reference(field: str, from_log: bool) -> None:
+    """A delta beyond +-2**62 takes 10 bytes at its shortest, so an overlong copy ending in
+    an odd byte has the same length: the size check cannot tell, the bound on deltas does."""
+    far = -(1 << 62) - 5
+    assert len(varint(far)) == 10 == len(varint(far, overlong=True))
+    data = hand_written_batch({field: far}, overlong=field)
+    assert batches._read_compiled(data, DEFAULT_HEADERS, from_log) is None
+    assert_read_alike(data, from_log=from_log)
+
+
+def test_timestamps_are_added_without_wrapping_as_kafka_python_does() -> None:
+    """aiokafka adds the first timestamp and the delta in int64 (wrapping); the compiled
+    path adds them in Python, as the reference."""
+    last = (1 << 63) - 1
+    data = with_first_timestamp(raw_batch([(0, None, b"a", []), (1, None, b"b", [])]), last)
+    assert batches._read_compiled(data, DEFAULT_HEADERS, False) is not None
+    assert_read_alike(data)
+    assert [r.timestamp for r in read_batches(data)[0].records] == [last, last + 1]
+
+
+# --------------------------------------------------------------------------- restamp
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@CASES
+@given(
+    items=st.lists(specs, min_size=1, max_size=8),
+    client=producers,
+    proxy=producers,
+    transactional=st.booleans(),
+    log_append=st.booleans(),
+)
+def test_restamped_batch_is_the_clients_under_the_proxys_producer(
+    codec: int,
+    items: list[Spec],
+    client: Producer,
+    proxy: Producer,
+    transactional: bool,
+    log_append: bool,
+) -> None:
+    data = client_batch(items, codec, client, transactional=transactional, log_append=log_append)
+    data = bytes(7) + b"\x2a" + data[8:]  # a base offset the broker must not see
+    out = restamp_batch(data, proxy.producer_id, proxy.producer_epoch, proxy.base_sequence)
+    # Read back by kafka-python's reader (the reference): CRC, header, the very same records.
+    check: Any = DefaultRecordBatch(out)
+    assert check.validate_crc()
+    assert (check.producer_id, check.producer_epoch, check.base_sequence) == (
+        proxy.producer_id,
+        proxy.producer_epoch,
+        proxy.base_sequence,
+    )
+    assert check.base_offset == 0 and not check.is_transactional
+    original: Any = DefaultRecordBatch(data)
+    assert check.attributes == original.attributes & ~0x10
+    assert out[HEADER_SIZE:] == data[HEADER_SIZE:]
+    assert [as_read(r, 0) for r in check] == [as_read(r, original.base_offset) for r in original]
+
+
+def as_read(record: Any, base_offset: int) -> tuple[Any, ...]:
+    """A record read by kafka-python: offset delta, timestamp, key, value, headers."""
+    offset_delta = record.offset - base_offset
+    return offset_delta, record.timestamp, record.key, record.value, record.headers
+
+
+def test_restamp_refuses_what_kafka_would() -> None:
+    with pytest.raises(ValueError, match="base sequence"):
+        restamp_batch(VALID, 5, 0, -1)
+    with pytest.raises(ValueError, match="at least 61 bytes"):
+        restamp_batch(VALID[:60], 5, 0, 0)
+
+
+def test_forwardable_only_when_nothing_changes() -> None:
+    explicit_batch = read_batches(raw_batch([(0, None, b"a", explicit(b"p", b"1"))]))[0]
+    implicit_batch = read_batches(
+        raw_batch([(0, None, b"a", [])], producer_id=3, producer_epoch=0, base_sequence=0)
+    )[0]
+    plain_batch = read_batches(raw_batch([(0, None, b"a", []), (1, None, b"b", [])]))[0]
+    assert forwardable(explicit_batch, explicit_batch.records, True)
+    assert forwardable(plain_batch, plain_batch.records, True)  # no identity: nothing added
+    assert not forwardable(plain_batch, plain_batch.records[:1], True)  # one dropped
+    assert not forwardable(implicit_batch, implicit_batch.records, True)  # headers to add
+    assert forwardable(implicit_batch, implicit_batch.records, False)
+    # Read by the reference reader (an encoding no client writes): rebuilt, never forwarded.
+    assert not forwardable(replace(explicit_batch, canonical=False), explicit_batch.records, True)
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def kafka_python_build(records: Sequence[IncomingRecord], codec: int, log_append: bool) -> bytes:
+    """build_batch as it was with kafka-python's builder, to compare the compiled one to."""
+    builder: Any = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=9,
+        producer_epoch=1,
+        base_sequence=5,
+        batch_size=1 << 30,
+    )
+    for offset, record in enumerate(records):
+        builder.append(offset, record.timestamp, record.key, record.value, list(record.headers))
+    buffer = bytes(builder.build())
+    body = buffer[HEADER_SIZE:]
+    if codec:
+        body = batches._ENCODERS[codec](body)
+    values = list(HEADER.unpack_from(buffer))
+    values[F_LENGTH] = HEADER_SIZE - 12 + len(body)
+    values[F_ATTRIBUTES] = codec | (0x08 if log_append else 0)
+    return fix_crc(HEADER.pack(*values) + body)
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@CASES
+@given(items=st.lists(specs, min_size=1, max_size=10), log_append=st.booleans())
+def test_compiled_builder_writes_kafka_pythons_bytes(
+    codec: int, items: list[Spec], log_append: bool
+) -> None:
+    records = client_records(items)
+    built = build_batch(
+        records,
+        compression=codec,
+        timestamp_type=int(log_append),
+        producer_id=9,
+        producer_epoch=1,
+        base_sequence=5,
+        add_identity_headers=False,
+    )
+    expected = kafka_python_build(records, codec, log_append)
+    # All but the partition leader epoch (set by the broker): -1 as the Java client's.
+    assert built[:12] + built[16:] == expected[:12] + expected[16:]
+    assert built[12:16] == b"\xff\xff\xff\xff"
+
+
+# --------------------------------------------------------------------------- identity shortcut
+
+# Sequences near the int64 ends and the shortcut's 18 digits, with zeros in front or not.
+INT64_EDGES = [(1 << 63) - 1, 1 << 63, -(1 << 63), -(1 << 63) - 1, 10**18 - 1, 10**18, 1 << 64]
+edge_texts = st.builds(
+    lambda n, zeros: (b"-" if n < 0 else b"") + b"0" * zeros + str(abs(n)).encode(),
+    st.sampled_from(INT64_EDGES),
+    st.integers(0, 2),
+)
+sequence_texts = st.one_of(
+    edge_texts,
+    st.integers(-(1 << 64), 1 << 64).map(lambda n: str(n).encode()),
+    st.text("0123456789+- x", max_size=22).map(str.encode),
+    st.just("\u0661".encode()),
+)
+producer_values = st.sampled_from([b"p", b"app-1", "\u00e9".encode(), b"", b"\xff"]) | st.none()
+identity_like_headers = st.one_of(
+    st.tuples(st.just(HEADER_PRODUCER), producer_values),
+    st.tuples(st.just(HEADER_SEQUENCE), st.none() | sequence_texts),
+    st.tuples(st.just("x"), st.none() | st.binary(max_size=6)),
+    st.tuples(st.sampled_from(CHUNK_HEADERS), st.none() | st.binary(max_size=6)),
+)
+
+
+def shortcut_case(sequence: bytes) -> Any:
+    headers = ((HEADER_PRODUCER, b"p"), (HEADER_SEQUENCE, sequence))
+    return example(headers=headers, producer=Producer(-1, -1, -1), from_log=False)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    headers=st.lists(identity_like_headers, max_size=6).map(tuple),
+    producer=producers,
+    from_log=st.booleans(),
+)
+@shortcut_case(b"9" * 18)
+@shortcut_case(b"9223372036854775807")
+@shortcut_case(b"9223372036854775808")
+@shortcut_case(b"0" * 17 + b"1")
+@shortcut_case(b"0" * 18 + b"1")
+def test_identity_shortcut_agrees_with_the_rules(
+    headers: tuple[tuple[str, bytes | None], ...], producer: Producer, from_log: bool
+) -> None:
+    """Usual records take a shortcut past `_identity` and `_chunk`: same result for any."""
+
+    def identify(fast: bool) -> object:
+        rules = batches._Identify(
+            DEFAULT_HEADERS,
+            from_log,
+            0,
+            producer.producer_id,
+            producer.producer_epoch,
+            producer.base_sequence,
+        )
+        rules.fast = fast
+        try:
+            return rules(headers, 3, b"value")
+        except BadBatch as error:
+            return error.error_code, error.message
+
+    assert identify(True) == identify(False)

@@ -19,10 +19,13 @@ import asyncio
 import contextlib
 import datetime
 import itertools
+import threading
+import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import kio.schema.produce.v11.request as produce_v11
 import pytest
@@ -38,11 +41,13 @@ from dedup.batches import (
     HEADER_SEQUENCE,
     Identity,
     IdentityHeaders,
+    IncomingBatch,
     IncomingRecord,
     build_batch,
     read_batches,
+    restamp_batch,
 )
-from dedup.engine import DedupEngine, PartitionAnswer
+from dedup.engine import READ_IN_THREAD_BYTES, DedupEngine, PartitionAnswer
 from dedup.fencing import FenceError
 from dedup.ownership.nodes import Node
 from dedup.ownership.owner import Redirect
@@ -241,6 +246,7 @@ class FakeWriter:
     log: dict[Key, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
     script: deque[Step] = field(default_factory=deque)
     submitted: list[list[tuple[Key, list[tuple[str, int]]]]] = field(default_factory=list)
+    built: dict[Key, list[bytes]] = field(default_factory=lambda: defaultdict(list))
     withdrawn: list[Key] = field(default_factory=list)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     # Per partition, the outcomes still to come of the batches in flight, in order.
@@ -265,7 +271,9 @@ class FakeWriter:
             ahead = list(self.in_flight[key])
             resolved: asyncio.Future[WriteResult] = loop.create_future()
             self.in_flight[key].append(resolved)
-            planned.append(_Planned(batch, identities(batch.build(7, 0, 0)), ahead, resolved))
+            data = batch.build(7, 0, 0)
+            self.built[key].append(data)
+            planned.append(_Planned(batch, identities(data), ahead, resolved))
         self.submitted.append(
             [((p.batch.topic, p.batch.partition), p.ids) for p in planned if p.ids is not None]
         )
@@ -482,6 +490,97 @@ async def test_new_records_are_written_once_and_answered_with_their_offset() -> 
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
         assert rig.recovery.calls == [[P0]], "recovered once, on first use"
         assert set(rig.state.now_ms) == {NOW_MS}, "the check is stamped with the given clock"
+
+
+async def test_a_batch_of_new_records_is_written_as_the_client_sent_it_restamped() -> None:
+    sent = records("p", [0, 1, 2])
+    async with running() as rig:
+        await rig.send((P0, sent))
+        [written] = rig.writer.built[P0]
+        assert written == restamp_batch(sent, 7, 0, 0)
+        [batch] = read_batches(written)
+        assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (7, 0, 0)
+        assert [r.value for r in batch.records] == [b"v0", b"v1", b"v2"]
+
+
+async def test_a_batch_with_duplicates_or_implicit_identities_is_rebuilt() -> None:
+    implicit = IncomingRecord(0, NOW_MS, None, b"i", (), None)
+    idempotent = build_batch(
+        [implicit],
+        compression=0,
+        timestamp_type=0,
+        producer_id=40,
+        producer_epoch=1,
+        base_sequence=0,
+        add_identity_headers=False,
+    )
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        await rig.settle()
+        await rig.send((P0, records("p", [0, 1])))  # 0 dropped
+        await rig.send((P1, idempotent))  # headers added
+        rebuilt = [
+            read_batches(rig.writer.built[P0][1])[0],
+            read_batches(rig.writer.built[P1][0])[0],
+        ]
+        assert [[r.value for r in batch.records] for batch in rebuilt] == [[b"v1"], [b"i"]]
+        assert rebuilt[1].records[0].headers == (
+            (HEADER_PRODUCER, b"kafka-pid-40-1"),
+            (HEADER_SEQUENCE, b"0"),
+        )
+
+
+async def test_large_partition_data_is_read_off_the_event_loop() -> None:
+    """While a large batch is read, the loop runs other work; a small one is read inline
+    (a thread hop costs more than it saves)."""
+    loop_thread = threading.get_ident()
+    ticks = 0
+    seen: list[tuple[int, bool]] = []  # per read: its size, and whether the loop ran during it
+
+    def reading(data: bytes, headers: IdentityHeaders) -> list[IncomingBatch]:
+        start = ticks
+        batches = read_batches(data, headers)
+        if threading.get_ident() != loop_thread:  # wait for a tick: it comes if the loop runs
+            deadline = time.monotonic() + 5
+            while ticks == start and time.monotonic() < deadline:
+                time.sleep(0.001)
+        seen.append((len(data), ticks > start))
+        return batches
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.001)
+            ticks += 1
+
+    large = records("p", range(READ_IN_THREAD_BYTES // 40))
+    assert len(large) > READ_IN_THREAD_BYTES
+    small = records("p", [10**6])
+    ticker = asyncio.create_task(ticking())
+    try:
+        with mock.patch("dedup.engine.read_batches", reading):
+            async with running() as rig:
+                answers = await rig.send((P0, large))
+                assert ok(answers[P0])
+                assert ok((await rig.send((P0, small)))[P0])
+    finally:
+        ticker.cancel()
+    assert seen == [(len(large), True), (len(small), False)]
+
+
+async def test_reads_in_threads_keep_the_order_of_the_partition_line() -> None:
+    """A large request admitted first is read in a thread; a small one behind it is read
+    at once, yet checked and written after it."""
+    large = records("p", range(READ_IN_THREAD_BYTES // 40))
+    async with running() as rig:
+        first = await rig.admit((P0, large))
+        second = await rig.admit((P0, records("p", [10**6])))
+        answers = await asyncio.wait_for(asyncio.gather(first, second), 30)
+        assert all(ok(a[P0]) for a in answers)
+        assert [ids[0][1][-1][1] for ids in rig.writer.submitted] == [
+            READ_IN_THREAD_BYTES // 40 - 1,
+            10**6,
+        ]
 
 
 async def test_a_resent_batch_is_dropped_answered_success_with_base_offset_minus_one() -> None:
