@@ -66,11 +66,12 @@ How it is stored and run:
 - A batch without chunks usually goes to the check as runs (`check_runs`: consecutive
   records of one producer whose sequences rise by exactly 1) of (producer, first, last,
   count), so the common case costs a comparison per run, not per record: a run above
-  ``pushed[p]`` is NOT_DUP all through. A run that overlaps ``pushed[p]`` is checked record
-  by record inside the script, which needs each sequence as a Lua number: when the run has
-  sequences of 10^15 or more in magnitude the script answers "expand", changing nothing,
-  and that partition is re-sent record by record (a second round trip, for retries of
-  such sequences only). `CheckEncoding` chooses.
+  ``pushed[p]`` is NOT_DUP all through. A run that overlaps ``pushed[p]`` gets one status
+  when its ends tell (all acknowledged, say), else it is checked record by record inside
+  the script up to its first NOT_DUP record, which needs each sequence as a Lua number:
+  when the run has sequences of 10^15 or more in magnitude the script answers "expand",
+  changing nothing, and that partition is re-sent record by record (a second round trip,
+  for partial retries of such sequences only). `CheckEncoding` chooses.
 - Needs Redis >= 6.2 (``ZADD GT``, ``COPY``).
 """
 

@@ -12,11 +12,13 @@
 --       stride 4, for every run (consecutive records of one producer whose sequences rise by
 --       exactly 1; no chunks): producer, first sequence, last sequence, count of records.
 --       A run whose first position is above pushed[p] is NotDup all through with one
---       comparison; a run that overlaps it is checked record by record, as with stride 2.
---       That needs each record's sequence, which a Lua number holds exactly only below
---       2^53: when the run's first or last is not below 10^15 in magnitude the script
---       answers { "expand" } and changes nothing (its call is not counted either), and the
---       caller re-sends the batch with stride 2.
+--       comparison. A run that overlaps it gets one status all through when its ends tell
+--       (acknowledged; pushed by an earlier batch and not acknowledged; raised by this
+--       batch), else it is checked record by record as with stride 2, up to its first
+--       NotDup record (the rest is above it). That needs each record's sequence, which a
+--       Lua number holds exactly only below 2^53: when the run's first or last is not below
+--       10^15 in magnitude the script answers { "expand" } and changes nothing (its call is
+--       not counted either), and the caller re-sends the batch with stride 2.
 -- Returns { statuses, sizes, evicted producer... }; statuses holds one digit per record:
 -- "0" NotDup, "1" Dup, "2" Unknown; sizes (stride 7 only, else empty) one entry per record:
 -- the bytes of its message so far for a NotDup chunk that is not the last, else "". Returns { "lost" } and changes
@@ -60,6 +62,14 @@ local function meet(p)
         before_chunk[p] = redis.call('HGET', pushed_chunk_key, p)
         pushed[p], chunk[p] = before[p], before_chunk[p]
         producers[#producers + 1] = p
+    end
+end
+
+-- meet_persisted(p): reads the producer's persisted position when first needed.
+local function meet_persisted(p)
+    if persisted[p] == nil then
+        persisted[p] = redis.call('HGET', persisted_key, p)
+        persisted_chunk[p] = redis.call('HGET', persisted_chunk_key, p)
     end
 end
 
@@ -126,10 +136,7 @@ local function record(n, p, s, i)
             end
         end
     else
-        if persisted[p] == nil then
-            persisted[p] = redis.call('HGET', persisted_key, p)
-            persisted_chunk[p] = redis.call('HGET', persisted_chunk_key, p)
-        end
+        meet_persisted(p)
         if pos_cmp(s, c, persisted[p], persisted_chunk[p]) <= 0 then
             status = '1' -- Dup: Kafka acknowledged it
         elseif pos_cmp(s, c, before[p], before_chunk[p]) > 0 then
@@ -151,6 +158,28 @@ local function small(s)
     return #s <= (s:byte(1) == 45 and 16 or 15)
 end
 
+-- overlap_status(p, first, last): the one status every record of a run gets when its
+-- first is not above pushed[p] and the statuses need no record's own sequence, else nil.
+local function overlap_status(p, first, last)
+    if pos_cmp(last, LAST, pushed[p], chunk[p]) > 0 then
+        return nil -- it ends above pushed: NotDup from somewhere inside
+    end
+    meet_persisted(p)
+    if pos_cmp(last, LAST, persisted[p], persisted_chunk[p]) <= 0 then
+        return '1' -- all acknowledged (a retry of a written batch)
+    end
+    if pos_cmp(first, LAST, persisted[p], persisted_chunk[p]) <= 0 then
+        return nil -- acknowledged up to somewhere inside
+    end
+    if pos_cmp(first, LAST, before[p], before_chunk[p]) > 0 then
+        return '1' -- all raised by earlier records of this batch
+    end
+    if pos_cmp(last, LAST, before[p], before_chunk[p]) <= 0 then
+        return '2' -- all pushed by an earlier batch, none acknowledged
+    end
+    return nil
+end
+
 -- run(n, p, first, last, count): records n+1 .. n+count, of producer p, with sequences first,
 -- first+1, ..., last. Returns a reply that ends the script ('bad', 'gap', 'expand'), else nil.
 local function run(n, p, first, last, count)
@@ -166,7 +195,13 @@ local function run(n, p, first, last, count)
         pushed[p] = last
         return nil
     end
-    -- Overlapping: record by record, which needs each sequence: Lua numbers are exact to 2^53
+    local whole = overlap_status(p, first, last)
+    if whole then
+        statuses[#statuses + 1] = string.rep(whole, count)
+        refused = refused or whole == '2'
+        return nil
+    end
+    -- Record by record, which needs each sequence: Lua numbers are exact only to 2^53.
     if not (small(first) and small(last)) then
         return EXPAND
     end
@@ -175,6 +210,12 @@ local function run(n, p, first, last, count)
         local stop = record(n + k + 1, p, string.format('%d', f + k), nil)
         if stop then
             return stop
+        end
+        if k < count - 1 and statuses[#statuses] == '0' then
+            -- pushed[p] is this record's sequence now: the rest of the run is above it.
+            statuses[#statuses + 1] = string.rep('0', count - 1 - k)
+            pushed[p] = last
+            return nil
         end
     end
     return nil

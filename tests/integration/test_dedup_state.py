@@ -739,7 +739,19 @@ async def test_a_run_overlapping_persisted_and_pushed_gets_the_per_record_status
     verdict = await pair.check([*seq("p", range(13, 18)), *seq("p", range(15, 20))])
     assert verdict.statuses == (NOT_DUP,) * 5 + (DUP,) * 3 + (NOT_DUP,) * 2
     assert await maps(pair.runs) == ({"p": 19}, {"p": 9})
-    assert pair.strides == ["4"] * 4
+    # Runs that end at or below pushed, one status all through: no record's own sequence
+    # is needed.
+    verdict = await pair.check(seq("p", range(3, 7)))  # acknowledged
+    assert verdict.statuses == (DUP,) * 4
+    verdict = await pair.check(seq("p", range(10, 15)))  # pushed before, not acknowledged
+    assert verdict.statuses == (UNKNOWN,) * 5 and verdict.refused
+    verdict = await pair.check([*seq("p", range(20, 23)), *seq("p", range(20, 22))])
+    assert verdict.statuses == (NOT_DUP,) * 3 + (DUP,) * 2  # raised by this batch
+    # Across pushed as the batch started (22), below pushed as the batch raised it (25).
+    verdict = await pair.check([*seq("p", range(23, 26)), *seq("p", range(21, 25))])
+    assert verdict.statuses == (NOT_DUP,) * 3 + (UNKNOWN,) * 2 + (DUP,) * 2
+    assert await maps(pair.runs) == ({"p": 22}, {"p": 9})
+    assert pair.strides == ["4"] * 8
 
 
 async def test_runs_of_several_producers_interleaved(client: redis.asyncio.Redis) -> None:
@@ -823,9 +835,10 @@ async def test_a_run_overlapping_pushed_with_huge_sequences_is_re_sent_per_recor
     # Counted once: recovery 0, then check, persist, check (Pair compares both tokens).
     token_key = pair.runs.partition_keys("orders", 0)[3]
     assert await client.get(token_key) == b"token-x 3"
+    # Acknowledged all through: one status for the run, whatever its sequences.
     verdict = await pair.check([*seq("p", range(big + 3, big + 5)), ("q", -(2**62))])
     assert verdict.statuses == (DUP, DUP, NOT_DUP) and not verdict.lost
-    assert pair.strides == ["4", "2", "4", "2"]
+    assert pair.strides == ["4", "2", "4"]
     assert await client.get(token_key) == b"token-x 4"
 
 
@@ -834,8 +847,8 @@ async def test_an_expand_answer_changes_nothing(client: redis.asyncio.Redis) -> 
     await state.load_recovered("orders", 0, {"p": (-(2**60), 1), "r": (5, 1)}, "token-y", now_ms=1)
     keys = state.partition_keys("orders", 0)[:6]
     before = {key: await client.dump(key) for key in keys}
-    first, last = str(-(2**60) - 2), str(-(2**60))
-    call = ["1", "10", "token-y 0", "4", "q", "0", "4", "5", "p", first, last, "3"]
+    first, last = str(-(2**60) - 2), str(-(2**60) + 2)  # across pushed
+    call = ["1", "10", "token-y 0", "4", "q", "0", "4", "5", "p", first, last, "5"]
     (reply,) = await state.run_scripts([(Script.load("check"), keys, call)])
     assert reply == [b"expand"]
     assert {key: await client.dump(key) for key in keys} == before  # the token's count too
