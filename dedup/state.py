@@ -284,11 +284,13 @@ class DedupState:
         replies = await self._run(
             calls, self._note_partitions((c.topic, c.partition) for c in checks)
         )
+        self._count_checks(checks, replies)  # before a re-send that may raise
         # {'expand'}: a run that overlaps pushed[p] with sequences beyond a Lua number's
         # exact range. Nothing changed and the call was not counted: re-send it per record.
         expand = [i for i, reply in enumerate(replies) if _text(reply[0]) == "expand"]
         if expand:
             again = await self._run([self._check_call(checks[i], None, now_ms) for i in expand])
+            self._count_checks([checks[i] for i in expand], again)
             for i, reply in zip(expand, again, strict=True):
                 replies[i] = reply
         verdicts = []
@@ -297,7 +299,6 @@ class DedupState:
             if _text(statuses) == "lost":
                 verdicts.append(PartitionVerdict((), (), lost=True))
                 continue
-            self._counted(check.token)
             if _text(statuses) in ("bad", "gap"):
                 number, message = rest
                 verdicts.append(
@@ -319,6 +320,12 @@ class DedupState:
             assert len(verdict.statuses) == len(check.identities)
             verdicts.append(verdict)
         return verdicts
+
+    def _count_checks(self, checks: Sequence[PartitionCheck], replies: Sequence[Any]) -> None:
+        """Counts the check calls Redis counted: every answer but "lost" and "expand"."""
+        for check, reply in zip(checks, replies, strict=True):
+            if _text(reply[0]) not in ("lost", "expand"):
+                self._counted(check.token)
 
     def _runs_of(self, check: PartitionCheck) -> list[Run] | None:
         """The batch as runs (`check_runs`) when it goes to the script so, else None."""

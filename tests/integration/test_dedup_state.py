@@ -948,3 +948,44 @@ async def test_runs_give_what_records_give(
         if model is not None:
             assert await maps(pair.runs) == (model.pushed, model.persisted)
     assert set(pair.strides) <= {"2", "4"}
+
+
+async def test_calls_answered_before_a_failed_re_send_are_counted(
+    client: redis.asyncio.Redis,
+) -> None:
+    """A re-send after "expand" that fails (the connection lost) leaves the other
+    partitions' calls answered and counted by Redis: their owner counts them too, or it
+    would no longer notice a Redis that lost them."""
+    state = DedupState(client, key_prefix=fresh_prefix(), check_encoding=CheckEncoding.RUNS)
+    big = 2**60
+    await state.load_recovered("orders", 0, {}, "token-a", now_ms=1)
+    await state.load_recovered("orders", 1, {"p": (big + 10, 1)}, "token-b", now_ms=1)
+    real, rounds = state._run, 0
+
+    async def second_round_fails(calls: Sequence[Any], before: Sequence[Any] = ()) -> list[Any]:
+        nonlocal rounds
+        rounds += 1
+        if rounds == 2:
+            raise redis.ConnectionError("lost on the way")
+        return await real(calls, before)
+
+    state._run = second_round_fails  # type: ignore[method-assign]
+    checks = [
+        PartitionCheck("orders", 0, seq("p", range(5)), "token-a"),
+        PartitionCheck("orders", 1, seq("p", range(big + 5, big + 15)), "token-b"),
+    ]
+    with pytest.raises(redis.ConnectionError):
+        await state.check_and_push(checks, 2)
+    state._run = real  # type: ignore[method-assign]
+    token_key = state.partition_keys("orders", 0)[3]
+    assert await client.get(token_key) == b"token-a 1"
+    keys = state.partition_keys("orders", 0)[:6]
+    earlier = {key: await client.dump(key) for key in keys}
+    (verdict,) = await state.check_and_push([PartitionCheck("orders", 0, [("p", 5)], "token-a")], 3)
+    assert verdict.statuses == (NOT_DUP,)
+    for key, dumped in earlier.items():  # Redis goes back to before that call
+        await client.delete(key)
+        if dumped is not None:
+            await client.restore(key, 0, dumped)
+    (verdict,) = await state.check_and_push([PartitionCheck("orders", 0, [("p", 5)], "token-a")], 4)
+    assert verdict.lost
