@@ -63,6 +63,15 @@ How it is stored and run:
 - Sequences are signed 64-bit integers. Lua numbers are doubles, exact only to 2^53, so the
   scripts never turn a sequence into a number: it is stored as a decimal string and compared
   exactly by ``seq_cmp`` (``dedup/lua/seq.lua``: sign, then length, then digits).
+- A batch without chunks usually goes to the check as runs (`check_runs`: consecutive
+  records of one producer whose sequences rise by exactly 1) of (producer, first, last,
+  count), so the common case costs a comparison per run, not per record: a run above
+  ``pushed[p]`` is NOT_DUP all through. A run that overlaps ``pushed[p]`` gets one status
+  when its ends tell (all acknowledged, say), else it is checked record by record inside
+  the script up to its first NOT_DUP record, which needs each sequence as a Lua number:
+  when the run has sequences of 10^15 or more in magnitude the script answers "expand",
+  changing nothing, and that partition is re-sent record by record (a second round trip,
+  for partial retries of such sequences only). `CheckEncoding` chooses.
 - Needs Redis >= 6.2 (``ZADD GT``, ``COPY``).
 """
 
@@ -71,6 +80,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -98,6 +108,37 @@ class Status(enum.IntEnum):
     NOT_DUP = 0
     DUP = 1
     UNKNOWN = 2
+
+
+class CheckEncoding(enum.Enum):
+    """How a batch without chunks goes to the check script."""
+
+    RECORDS = "records"  # two arguments per record
+    RUNS = "runs"  # four per run (`check_runs`), however short the runs
+    AUTO = "auto"  # runs when they hold two records or more on average
+
+
+# (producer, first sequence, last sequence, count): consecutive records of one producer
+# whose sequences rise by exactly 1, so last == first + count - 1.
+Run = tuple[str, int, int, int]
+
+
+def check_runs(identities: Iterable[tuple[str, int]]) -> list[Run]:
+    """(producer, sequence) per record, in order, as maximal runs. An implicit identity's
+    sequence wraps at 2^31 to 0, which is not +1: the wrap ends a run."""
+    runs: list[Run] = []
+    producer, first, last = "", 0, 0
+    count = 0
+    for p, s in identities:
+        if count and p == producer and s == last + 1:
+            last, count = s, count + 1
+            continue
+        if count:
+            runs.append((producer, first, last, count))
+        producer, first, last, count = p, s, s, 1
+    if count:
+        runs.append((producer, first, last, count))
+    return runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +242,7 @@ class DedupState:
         *,
         key_prefix: str = "dedup",
         max_producers: int = 10_000,
+        check_encoding: CheckEncoding = CheckEncoding.AUTO,
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
             # A brace in the prefix would become the Redis Cluster hash tag.
@@ -210,6 +252,7 @@ class DedupState:
         self._redis = redis
         self._prefix = key_prefix
         self._max_producers = max_producers
+        self._check_encoding = check_encoding
         # Per token this process loaded: the calls made with it that Redis answered. Redis
         # must count at least as many (see `token_matches` in lua/seq.lua): a Redis that
         # came back without writes it had acknowledged is found out.
@@ -222,45 +265,40 @@ class DedupState:
         self, checks: Sequence[PartitionCheck], now_ms: int
     ) -> list[PartitionVerdict]:
         """Classify every record of every partition batch (see the module's table) and, for
-        each partition with no UNKNOWN record, raise pushed[p] and last-seen. One round trip.
+        each partition with no UNKNOWN record, raise pushed[p] and last-seen. One round trip;
+        a second, for those partitions only, when a run must be re-sent record by record
+        (the script's "expand": a run overlapping pushed[p] with sequences of 10^15 or more).
 
         If this raises (connection lost, timeout), the scripts may or may not have run: treat
         the batches as failed writes (`reset_pushed` once the partition's writes settle).
         """
-        calls: list[_Call] = []
-        for check in checks:
-            args = [str(now_ms), str(self._max_producers), self._guard(check.token)]
-            if not check.chunks:  # no chunk in the batch: two arguments per record
-                args.append("2")
-                for producer, sequence in check.identities:
-                    args += (producer, _sequence(sequence))
-                calls.append((_CHECK, self._keys(check.topic, check.partition), args))
-                continue
-            args.append("7")
-            for (producer, sequence), chunk in zip(check.identities, check.chunks, strict=True):
-                args += (producer, _sequence(sequence))
-                if chunk is None:
-                    args += ("", "", "", "", "")
-                else:
-                    meta, size = chunk
-                    args += (
-                        str(meta.chunk_id),
-                        str(meta.chunk_count),
-                        str(meta.total_size),
-                        str(size),
-                        meta.uuid,
-                    )
-            calls.append((_CHECK, self._keys(check.topic, check.partition), args))
+        # A partition named twice in one call gets no runs: its re-sent expansion would be
+        # checked after the later batch instead of before it.
+        named = Counter((c.topic, c.partition) for c in checks)
+        calls = [
+            self._check_call(
+                c, self._runs_of(c) if named[(c.topic, c.partition)] == 1 else None, now_ms
+            )
+            for c in checks
+        ]
         replies = await self._run(
             calls, self._note_partitions((c.topic, c.partition) for c in checks)
         )
+        self._count_checks(checks, replies)  # before a re-send that may raise
+        # {'expand'}: a run that overlaps pushed[p] with sequences beyond a Lua number's
+        # exact range. Nothing changed and the call was not counted: re-send it per record.
+        expand = [i for i, reply in enumerate(replies) if _text(reply[0]) == "expand"]
+        if expand:
+            again = await self._run([self._check_call(checks[i], None, now_ms) for i in expand])
+            self._count_checks([checks[i] for i in expand], again)
+            for i, reply in zip(expand, again, strict=True):
+                replies[i] = reply
         verdicts = []
         for check, reply in zip(checks, replies, strict=True):
             statuses, *rest = reply
             if _text(statuses) == "lost":
                 verdicts.append(PartitionVerdict((), (), lost=True))
                 continue
-            self._counted(check.token)
             if _text(statuses) in ("bad", "gap"):
                 number, message = rest
                 verdicts.append(
@@ -282,6 +320,51 @@ class DedupState:
             assert len(verdict.statuses) == len(check.identities)
             verdicts.append(verdict)
         return verdicts
+
+    def _count_checks(self, checks: Sequence[PartitionCheck], replies: Sequence[Any]) -> None:
+        """Counts the check calls Redis counted: every answer but "lost" and "expand"."""
+        for check, reply in zip(checks, replies, strict=True):
+            if _text(reply[0]) not in ("lost", "expand"):
+                self._counted(check.token)
+
+    def _runs_of(self, check: PartitionCheck) -> list[Run] | None:
+        """The batch as runs (`check_runs`) when it goes to the script so, else None."""
+        if check.chunks or self._check_encoding is CheckEncoding.RECORDS:
+            return None
+        runs = check_runs(check.identities)
+        # Four arguments per run against two per record: runs pay from two records a run.
+        if self._check_encoding is CheckEncoding.RUNS or 2 * len(runs) <= len(check.identities):
+            return runs
+        return None
+
+    def _check_call(self, check: PartitionCheck, runs: list[Run] | None, now_ms: int) -> _Call:
+        """The check script's call for one partition batch: per run (stride 4), per record
+        (stride 2), or per record with its chunk fields (stride 7)."""
+        args = [str(now_ms), str(self._max_producers), self._guard(check.token)]
+        if runs is not None:
+            args.append("4")
+            for producer, first, last, count in runs:
+                args += (producer, _sequence(first), _sequence(last), str(count))
+        elif not check.chunks:  # no chunk in the batch: two arguments per record
+            args.append("2")
+            for producer, sequence in check.identities:
+                args += (producer, _sequence(sequence))
+        else:
+            args.append("7")
+            for (producer, sequence), chunk in zip(check.identities, check.chunks, strict=True):
+                args += (producer, _sequence(sequence))
+                if chunk is None:
+                    args += ("", "", "", "", "")
+                else:
+                    meta, size = chunk
+                    args += (
+                        str(meta.chunk_id),
+                        str(meta.chunk_count),
+                        str(meta.total_size),
+                        str(size),
+                        meta.uuid,
+                    )
+        return (_CHECK, self._keys(check.topic, check.partition), args)
 
     async def mark_persisted(
         self,

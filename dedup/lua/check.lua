@@ -4,10 +4,21 @@
 --
 -- KEYS: pushed (hash), persisted (hash), seen (zset producer -> last seen ms), token (string),
 --       pushed_chunk (hash), persisted_chunk (hash): the chunked message in progress
--- ARGV: now_ms, max_producers, token, stride (2 or 7), then for every record in batch order:
---       producer, sequence, and with stride 7: chunk id ("" for a record that is not a
---       chunk), chunk count, total size, value size, uuid. A batch without chunks (the
---       common case) is sent with stride 2, which keeps the plain check as cheap as before.
+-- ARGV: now_ms, max_producers, token, stride (2, 4 or 7), then in batch order:
+--       stride 2 and 7, for every record: producer, sequence, and with stride 7: chunk id
+--       ("" for a record that is not a chunk), chunk count, total size, value size, uuid.
+--       A batch without chunks (the common case) is sent with stride 2 or 4, which keep the
+--       plain check as cheap as before chunks.
+--       stride 4, for every run (consecutive records of one producer whose sequences rise by
+--       exactly 1; no chunks): producer, first sequence, last sequence, count of records.
+--       A run whose first position is above pushed[p] is NotDup all through with one
+--       comparison. A run that overlaps it gets one status all through when its ends tell
+--       (acknowledged; pushed by an earlier batch and not acknowledged; raised by this
+--       batch), else it is checked record by record as with stride 2, up to its first
+--       NotDup record (the rest is above it). That needs each record's sequence, which a
+--       Lua number holds exactly only below 2^53: when the run's first or last is not below
+--       10^15 in magnitude the script answers { "expand" } and changes nothing (its call is
+--       not counted either), and the caller re-sends the batch with stride 2.
 -- Returns { statuses, sizes, evicted producer... }; statuses holds one digit per record:
 -- "0" NotDup, "1" Dup, "2" Unknown; sizes (stride 7 only, else empty) one entry per record:
 -- the bytes of its message so far for a NotDup chunk that is not the last, else "". Returns { "lost" } and changes
@@ -24,7 +35,8 @@
 local pushed_key, persisted_key, seen_key = KEYS[1], KEYS[2], KEYS[3]
 local pushed_chunk_key, persisted_chunk_key = KEYS[5], KEYS[6]
 local now, max_producers = ARGV[1], tonumber(ARGV[2])
-if not token_matches(KEYS[4], ARGV[3]) then
+local guard, stride = ARGV[3], tonumber(ARGV[4])
+if not token_holds(KEYS[4], guard) then
     return { 'lost' }
 end
 
@@ -37,23 +49,38 @@ local persisted_chunk = {} -- producer -> persisted_chunk[p] (false: none)
 local producers = {}       -- producers in order of first appearance
 local statuses, sizes = {}, {}
 local refused = false
+local EXPAND = { 'expand' }
 
 local function where(c, u, s)
     return 'chunk ' .. c .. ' of message ' .. u .. ' (sequence ' .. s .. ')'
 end
 
-local n = 0
-local stride = tonumber(ARGV[4])
-for i = 5, #ARGV, stride do
-    n = n + 1
-    local p, s = ARGV[i], ARGV[i + 1]
-    local c_text = stride == 7 and ARGV[i + 2] or ''
+-- meet(p): reads the producer's state at its first record of the batch.
+local function meet(p)
     if before[p] == nil then
         before[p] = redis.call('HGET', pushed_key, p)
         before_chunk[p] = redis.call('HGET', pushed_chunk_key, p)
         pushed[p], chunk[p] = before[p], before_chunk[p]
         producers[#producers + 1] = p
     end
+end
+
+-- meet_persisted(p): reads the producer's persisted position when first needed.
+local function meet_persisted(p)
+    if persisted[p] == nil then
+        persisted[p] = redis.call('HGET', persisted_key, p)
+        persisted_chunk[p] = redis.call('HGET', persisted_chunk_key, p)
+    end
+end
+
+-- record(n, p, s, i): classifies record number n (producer p, sequence s); i is its index
+-- in ARGV with stride 7 (its chunk fields follow), else nil. Returns a reply that ends the
+-- script ('bad', 'gap'), else nil.
+local function record(n, p, s, i)
+    if before[p] == nil then -- inline test: this runs for every record with stride 2 and 7
+        meet(p)
+    end
+    local c_text = i and ARGV[i + 2] or ''
     local cur = chunk[p] and chunk_decode(chunk[p]) or nil
     local same = cur and seq_cmp(cur.s, s) == 0
     local c, count, total, size, u = LAST, nil, nil, nil, nil
@@ -111,10 +138,7 @@ for i = 5, #ARGV, stride do
             end
         end
     else
-        if persisted[p] == nil then
-            persisted[p] = redis.call('HGET', persisted_key, p)
-            persisted_chunk[p] = redis.call('HGET', persisted_chunk_key, p)
-        end
+        meet_persisted(p)
         if pos_cmp(s, c, persisted[p], persisted_chunk[p]) <= 0 then
             status = '1' -- Dup: Kafka acknowledged it
         elseif pos_cmp(s, c, before[p], before_chunk[p]) > 0 then
@@ -128,6 +152,108 @@ for i = 5, #ARGV, stride do
     if stride == 7 then
         sizes[#sizes + 1] = size_out
     end
+    return nil
+end
+
+-- small(s): |s| < 10^15 < 2^53, so a Lua number holds it, and its neighbours, exactly.
+local function small(s)
+    return #s <= (s:byte(1) == 45 and 16 or 15)
+end
+
+-- overlap_status(p, first, last): the one status every record of a run gets when its
+-- first is not above pushed[p] and the statuses need no record's own sequence, else nil.
+local function overlap_status(p, first, last)
+    if pos_cmp(last, LAST, pushed[p], chunk[p]) > 0 then
+        return nil -- it ends above pushed: NotDup from somewhere inside
+    end
+    meet_persisted(p)
+    if pos_cmp(last, LAST, persisted[p], persisted_chunk[p]) <= 0 then
+        return '1' -- all acknowledged (a retry of a written batch)
+    end
+    if pos_cmp(first, LAST, persisted[p], persisted_chunk[p]) <= 0 then
+        return nil -- acknowledged up to somewhere inside
+    end
+    if pos_cmp(first, LAST, before[p], before_chunk[p]) > 0 then
+        return '1' -- all raised by earlier records of this batch
+    end
+    if pos_cmp(last, LAST, before[p], before_chunk[p]) <= 0 then
+        return '2' -- all pushed by an earlier batch, none acknowledged
+    end
+    return nil
+end
+
+-- run(n, p, first, last, count): records n+1 .. n+count, of producer p, with sequences first,
+-- first+1, ..., last. Returns a reply that ends the script ('bad', 'gap', 'expand'), else nil.
+local function run(n, p, first, last, count)
+    meet(p)
+    if pos_cmp(first, LAST, pushed[p], chunk[p]) > 0 then
+        -- Above pushed: the first record is NotDup and raises pushed, so does each next one.
+        -- record() does the first, for its chunk rule (a message in progress is abandoned).
+        local stop = record(n + 1, p, first, nil)
+        if stop or count == 1 then
+            return stop
+        end
+        statuses[#statuses + 1] = string.rep('0', count - 1)
+        pushed[p] = last
+        return nil
+    end
+    local whole = overlap_status(p, first, last)
+    if whole then
+        statuses[#statuses + 1] = string.rep(whole, count)
+        refused = refused or whole == '2'
+        return nil
+    end
+    -- Record by record, which needs each sequence: Lua numbers are exact only to 2^53.
+    if not (small(first) and small(last)) then
+        return EXPAND
+    end
+    local f = tonumber(first)
+    for k = 0, count - 1 do
+        local stop = record(n + k + 1, p, string.format('%d', f + k), nil)
+        if stop then
+            return stop
+        end
+        if k < count - 1 and statuses[#statuses] == '0' then
+            -- pushed[p] is this record's sequence now: the rest of the run is above it.
+            statuses[#statuses + 1] = string.rep('0', count - 1 - k)
+            pushed[p] = last
+            return nil
+        end
+    end
+    return nil
+end
+
+-- classify(): every record of the batch; a reply that ends the script, else nil. Reads only.
+local function classify()
+    local n = 0
+    if stride == 4 then
+        for i = 5, #ARGV, 4 do
+            local count = tonumber(ARGV[i + 3])
+            local stop = run(n, ARGV[i], ARGV[i + 1], ARGV[i + 2], count)
+            if stop then
+                return stop
+            end
+            n = n + count
+        end
+        return nil
+    end
+    for i = 5, #ARGV, stride do
+        n = n + 1
+        local stop = record(n, ARGV[i], ARGV[i + 1], stride == 7 and i or nil)
+        if stop then
+            return stop
+        end
+    end
+    return nil
+end
+
+local stop = classify()
+if stop == EXPAND then
+    return stop -- nothing changed, not even the token's call count: the caller re-sends
+end
+token_count(KEYS[4], guard) -- any other answer counts as a call (see token_holds)
+if stop then
+    return stop
 end
 
 local result = { table.concat(statuses), sizes }

@@ -25,12 +25,12 @@ local function seq_cmp(a, b)
     return 0
 end
 
--- token_matches(key, guard): "" accepts any state. Otherwise guard is "<token> <calls>":
+-- token_holds(key, guard): "" accepts any state. Otherwise guard is "<token> <calls>":
 -- the partition's token key must hold that token (a flushed or replaced Redis has none, or
 -- another one) and count at least <calls> calls: the calls made with this token whose
 -- success its owner has seen. Fewer means Redis lost writes it had acknowledged (a failover
--- to a replica that lagged, an append-only file not yet synced). A match counts this call.
-local function token_matches(key, guard)
+-- to a replica that lagged, an append-only file not yet synced). Changes nothing.
+local function token_holds(key, guard)
     if guard == '' then
         return true
     end
@@ -40,10 +40,25 @@ local function token_matches(key, guard)
         return false
     end
     local held_token, held_calls = string.match(held, '^(%S+) (%d+)$')
-    if held_token ~= token or tonumber(held_calls) < tonumber(calls) then
+    return held_token == token and tonumber(held_calls) >= tonumber(calls)
+end
+
+-- token_count(key, guard): counts this call under a guard token_holds accepted, so its
+-- owner, which counts every call Redis answered, can ask for it next time.
+local function token_count(key, guard)
+    if guard == '' then
+        return
+    end
+    local token, calls = string.match(redis.call('GET', key), '^(%S+) (%d+)$')
+    redis.call('SET', key, token .. ' ' .. string.format('%d', tonumber(calls) + 1))
+end
+
+-- token_matches(key, guard): token_holds, and a match counts this call.
+local function token_matches(key, guard)
+    if not token_holds(key, guard) then
         return false
     end
-    redis.call('SET', key, token .. ' ' .. string.format('%d', tonumber(held_calls) + 1))
+    token_count(key, guard)
     return true
 end
 

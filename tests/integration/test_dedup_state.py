@@ -24,14 +24,18 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dedup.chunks import ChunkProgress
 from dedup.state import (
     SEQUENCE_MAX,
     SEQUENCE_MIN,
+    CheckEncoding,
     DedupState,
     PartitionCheck,
     PartitionVerdict,
     ProducerState,
+    Script,
     Status,
+    check_runs,
 )
 from tests.support.ports import DEDUP_STATE_REDIS as REDIS_PORT
 
@@ -623,3 +627,365 @@ async def test_scripts_agree_with_the_model(
             await state.reset_pushed("orders", 0)
             model.reset()
         assert await maps(state) == (model.pushed, model.persisted)
+
+
+# -- runs: a batch sent as runs of consecutive sequences (`check_runs`) ----------------------
+
+
+class Pair:
+    """Two states on one Redis, each under its own prefix: one sends every batch as runs,
+    the other record by record. Every call goes to both; the answers and the states must
+    be the same."""
+
+    def __init__(self, client: redis.asyncio.Redis, max_producers: int = 10_000) -> None:
+        self.client = client
+        self.runs, self.records = (
+            DedupState(
+                client,
+                key_prefix=fresh_prefix(),
+                max_producers=max_producers,
+                check_encoding=encoding,
+            )
+            for encoding in (CheckEncoding.RUNS, CheckEncoding.RECORDS)
+        )
+        self.token: str | None = None
+        self.strides = spy_strides(self.runs)
+
+    async def recover(self, token: str) -> None:
+        for state in (self.runs, self.records):
+            assert await state.load_recovered("orders", 0, {}, token, now_ms=1)
+        self.token = token
+
+    async def check(
+        self, identities: Sequence[tuple[str, int]], now_ms: int = 1_000
+    ) -> PartitionVerdict:
+        checks = [PartitionCheck("orders", 0, identities, self.token)]
+        (by_runs,) = await self.runs.check_and_push(checks, now_ms)
+        (by_records,) = await self.records.check_and_push(checks, now_ms)
+        assert by_runs == by_records
+        await self.assert_same()
+        return by_runs
+
+    async def persist(self, persisted: Mapping[str, int | ChunkProgress]) -> None:
+        for state in (self.runs, self.records):
+            assert await state.mark_persisted([("orders", 0, persisted)], 1_000, [self.token]) == []
+        await self.assert_same()
+
+    async def reset(self) -> None:
+        for state in (self.runs, self.records):
+            assert await state.reset_pushed("orders", 0, self.token)
+        await self.assert_same()
+
+    async def assert_same(self) -> None:
+        assert await self.runs.producers("orders", 0) == await self.records.producers("orders", 0)
+        # The same calls counted: an {"expand"} answer is not one.
+        tokens = [await self.client.get(s.partition_keys("orders", 0)[3]) for s in self.pair]
+        assert tokens[0] == tokens[1]
+
+    @property
+    def pair(self) -> tuple[DedupState, DedupState]:
+        return self.runs, self.records
+
+
+def spy_strides(state: DedupState) -> list[str]:
+    """The stride of every check script call the state makes from now on: "2" per record,
+    "4" per run, "7" with chunks."""
+    strides: list[str] = []
+    real = state._run  # every script call goes through it
+
+    async def spy(calls: Sequence[Any], before: Sequence[tuple[str, ...]] = ()) -> list[Any]:
+        strides.extend(args[3] for script, _, args in calls if script.name == "check")
+        return await real(calls, before)
+
+    state._run = spy  # type: ignore[method-assign]
+    return strides
+
+
+async def test_a_run_above_pushed_is_not_dup_all_through(client: redis.asyncio.Redis) -> None:
+    pair = Pair(client)
+    assert (await pair.check(seq("p", range(5)))).statuses == (NOT_DUP,) * 5
+    verdict = await pair.check(seq("p", range(5, 1005)))
+    assert verdict.statuses == (NOT_DUP,) * 1000 and not verdict.refused
+    assert await maps(pair.runs) == ({"p": 1004}, {})
+    assert pair.strides == ["4", "4"]
+
+
+async def test_auto_sends_runs_where_they_are_shorter(state: DedupState) -> None:
+    strides = spy_strides(state)
+    await check(state, seq("p", range(10)))  # one run for ten records
+    await check(state, [("a", 1), ("b", 1), ("a", 2), ("b", 2)])  # four runs of one
+    await check(state, [("a", 3), ("a", 4), ("b", 3)])  # two runs: 8 arguments against 6
+    await check(state, [("a", 5), ("a", 6), ("b", 4), ("b", 5)])  # two runs: 8 against 8
+    # A partition named twice in one call goes record by record: an expansion re-sent
+    # later would be checked after the second batch.
+    twice = [PartitionCheck("orders", 0, seq("p", range(s, s + 10))) for s in (10, 20)]
+    assert [v.statuses for v in await state.check_and_push(twice, 1)] == [(NOT_DUP,) * 10] * 2
+    assert strides == ["4", "2", "2", "4", "2", "2"]
+
+
+async def test_a_run_overlapping_persisted_and_pushed_gets_the_per_record_statuses(
+    client: redis.asyncio.Redis,
+) -> None:
+    pair = Pair(client)
+    await pair.check(seq("p", range(10)))
+    await pair.persist({"p": 4})
+    verdict = await pair.check(seq("p", range(2, 16)))
+    assert verdict.statuses == (DUP,) * 3 + (UNKNOWN,) * 5 + (NOT_DUP,) * 6
+    assert verdict.refused
+    await pair.persist({"p": 9})
+    verdict = await pair.check(seq("p", range(7, 13)))
+    assert verdict.statuses == (DUP,) * 3 + (NOT_DUP,) * 3
+    # Repeated inside the batch: the second run overlaps what the first one raised.
+    verdict = await pair.check([*seq("p", range(13, 18)), *seq("p", range(15, 20))])
+    assert verdict.statuses == (NOT_DUP,) * 5 + (DUP,) * 3 + (NOT_DUP,) * 2
+    assert await maps(pair.runs) == ({"p": 19}, {"p": 9})
+    # Runs that end at or below pushed, one status all through: no record's own sequence
+    # is needed.
+    verdict = await pair.check(seq("p", range(3, 7)))  # acknowledged
+    assert verdict.statuses == (DUP,) * 4
+    verdict = await pair.check(seq("p", range(10, 15)))  # pushed before, not acknowledged
+    assert verdict.statuses == (UNKNOWN,) * 5 and verdict.refused
+    verdict = await pair.check([*seq("p", range(20, 23)), *seq("p", range(20, 22))])
+    assert verdict.statuses == (NOT_DUP,) * 3 + (DUP,) * 2  # raised by this batch
+    # Across pushed as the batch started (22), below pushed as the batch raised it (25).
+    verdict = await pair.check([*seq("p", range(23, 26)), *seq("p", range(21, 25))])
+    assert verdict.statuses == (NOT_DUP,) * 3 + (UNKNOWN,) * 2 + (DUP,) * 2
+    assert await maps(pair.runs) == ({"p": 22}, {"p": 9})
+    assert pair.strides == ["4"] * 8
+
+
+async def test_runs_of_several_producers_interleaved(client: redis.asyncio.Redis) -> None:
+    pair = Pair(client)
+    await pair.check([*seq("a", range(3)), *seq("b", range(10, 13))])
+    await pair.persist({"a": 2, "b": 11})
+    batch = [
+        *seq("a", range(1, 5)),
+        *seq("b", range(13, 16)),
+        *seq("a", range(5, 7)),
+        *seq("c", range(-1, 2)),
+        ("b", 16),
+    ]
+    assert check_runs(batch) == [
+        ("a", 1, 4, 4),
+        ("b", 13, 15, 3),
+        ("a", 5, 6, 2),
+        ("c", -1, 1, 3),
+        ("b", 16, 16, 1),
+    ]
+    verdict = await pair.check(batch)
+    assert verdict.statuses == (DUP, DUP, *(NOT_DUP,) * 11)
+    assert await maps(pair.runs) == ({"a": 6, "b": 16, "c": 1}, {"a": 2, "b": 11})
+    # b's 12 was pushed by an earlier batch and never acknowledged: the whole batch waits.
+    verdict = await pair.check([*seq("a", range(7, 9)), *seq("b", range(12, 14))])
+    assert verdict.statuses == (NOT_DUP, NOT_DUP, UNKNOWN, UNKNOWN)
+    assert await maps(pair.runs) == ({"a": 6, "b": 16, "c": 1}, {"a": 2, "b": 11})
+
+
+async def test_runs_at_the_64_bit_limits_and_below_zero(client: redis.asyncio.Redis) -> None:
+    pair = Pair(client)
+    top = range(SEQUENCE_MAX - 999, SEQUENCE_MAX + 1)
+    assert (await pair.check(seq("max", top))).statuses == (NOT_DUP,) * 1000
+    await pair.persist({"max": SEQUENCE_MAX - 500})
+    verdict = await pair.check(seq("max", range(SEQUENCE_MAX - 502, SEQUENCE_MAX + 1)))
+    assert verdict.statuses == (DUP,) * 3 + (UNKNOWN,) * 500
+    bottom = range(SEQUENCE_MIN, SEQUENCE_MIN + 10)
+    assert (await pair.check(seq("min", bottom))).statuses == (NOT_DUP,) * 10
+    await pair.persist({"min": SEQUENCE_MIN + 4})
+    verdict = await pair.check(seq("min", range(SEQUENCE_MIN, SEQUENCE_MIN + 12)))
+    assert verdict.statuses == (DUP,) * 5 + (UNKNOWN,) * 5 + (NOT_DUP,) * 2
+    # Across zero, small enough for Lua numbers: expanded by the script itself.
+    await pair.check(seq("z", range(-5, 3)))
+    await pair.persist({"z": 0})
+    verdict = await pair.check(seq("z", range(-2, 6)))
+    assert verdict.statuses == (DUP,) * 3 + (UNKNOWN,) * 2 + (NOT_DUP,) * 3
+    assert await maps(pair.runs) == (
+        {"max": SEQUENCE_MAX, "min": SEQUENCE_MIN + 9, "z": 2},
+        {"max": SEQUENCE_MAX - 500, "min": SEQUENCE_MIN + 4, "z": 0},
+    )
+    for state in pair.pair:  # a run never reaches past the 64-bit range: its last is checked
+        with pytest.raises(ValueError, match="64-bit"):
+            await check(state, [("p", SEQUENCE_MAX - 1), ("p", SEQUENCE_MAX), ("p", 2**63)])
+        with pytest.raises(ValueError, match="64-bit"):
+            await check(state, [("p", SEQUENCE_MIN - 1), ("p", SEQUENCE_MIN)])
+
+
+async def test_an_implicit_sequence_wrapping_ends_a_run(client: redis.asyncio.Redis) -> None:
+    pair = Pair(client)
+    pid = "kafka-pid-7-0"
+    wrap = [*seq(pid, range(2**31 - 3, 2**31)), *seq(pid, range(3))]
+    assert check_runs(wrap) == [(pid, 2**31 - 3, 2**31 - 1, 3), (pid, 0, 2, 3)]
+    # After the wrap the sequences are below pushed: as record by record, duplicates of
+    # this batch.
+    assert (await pair.check(wrap)).statuses == (NOT_DUP,) * 3 + (DUP,) * 3
+    assert await maps(pair.runs) == ({pid: 2**31 - 1}, {})
+
+
+async def test_a_run_overlapping_pushed_with_huge_sequences_is_re_sent_per_record(
+    client: redis.asyncio.Redis,
+) -> None:
+    pair = Pair(client)
+    await pair.recover("token-x")
+    big = 2**60
+    await pair.check(seq("p", range(big, big + 10)))
+    await pair.persist({"p": big + 4})
+    pair.strides.clear()
+    verdict = await pair.check(seq("p", range(big + 2, big + 16)))
+    assert verdict.statuses == (DUP,) * 3 + (UNKNOWN,) * 5 + (NOT_DUP,) * 6
+    assert pair.strides == ["4", "2"]  # answered "expand", then sent record by record
+    # Counted once: recovery 0, then check, persist, check (Pair compares both tokens).
+    token_key = pair.runs.partition_keys("orders", 0)[3]
+    assert await client.get(token_key) == b"token-x 3"
+    # Acknowledged all through: one status for the run, whatever its sequences.
+    verdict = await pair.check([*seq("p", range(big + 3, big + 5)), ("q", -(2**62))])
+    assert verdict.statuses == (DUP, DUP, NOT_DUP) and not verdict.lost
+    assert pair.strides == ["4", "2", "4"]
+    assert await client.get(token_key) == b"token-x 4"
+
+
+async def test_an_expand_answer_changes_nothing(client: redis.asyncio.Redis) -> None:
+    state = DedupState(client, key_prefix=fresh_prefix())
+    await state.load_recovered("orders", 0, {"p": (-(2**60), 1), "r": (5, 1)}, "token-y", now_ms=1)
+    keys = state.partition_keys("orders", 0)[:6]
+    before = {key: await client.dump(key) for key in keys}
+    first, last = str(-(2**60) - 2), str(-(2**60) + 2)  # across pushed
+    call = ["1", "10", "token-y 0", "4", "q", "0", "4", "5", "p", first, last, "5"]
+    (reply,) = await state.run_scripts([(Script.load("check"), keys, call)])
+    assert reply == [b"expand"]
+    assert {key: await client.dump(key) for key in keys} == before  # the token's count too
+    # A small overlapping run instead: the script expands it itself and counts the call.
+    call[-4:] = ["r", "3", "7", "5"]
+    (reply,) = await state.run_scripts([(Script.load("check"), keys, call)])
+    assert reply == [b"0000011100", []]
+    assert await client.get(keys[3]) == b"token-y 1"
+
+
+async def test_eviction_with_runs(client: redis.asyncio.Redis) -> None:
+    pair = Pair(client, max_producers=3)
+    for now, producer in enumerate("abc", start=1):
+        assert (await pair.check(seq(producer, range(5)), now_ms=now)).evicted == ()
+    # a is the least recently seen, but in the batch: b goes.
+    verdict = await pair.check([*seq("d", range(3)), *seq("a", range(5, 8))], now_ms=4)
+    assert verdict.evicted == ("b",)
+    verdict = await pair.check([*seq("e", range(10)), *seq("f", range(10))], now_ms=5)
+    assert verdict.evicted == ("c", "a")
+    assert sorted(await pair.runs.producers("orders", 0)) == ["d", "e", "f"]
+    # A refused batch evicts nobody.
+    verdict = await pair.check([*seq("g", range(3)), *seq("e", range(8, 12))], now_ms=6)
+    assert verdict.statuses == (NOT_DUP,) * 3 + (UNKNOWN,) * 2 + (NOT_DUP,) * 2
+    assert verdict.evicted == () and sorted(await pair.runs.producers("orders", 0)) == [
+        "d",
+        "e",
+        "f",
+    ]
+
+
+# Runs near every boundary the check has: 0, Lua's exact 2^53 (the script expands runs
+# below 10^15 itself, above it they are re-sent per record), 2^31 (implicit wrap), int64.
+RUN_STARTS = st.one_of(
+    st.integers(-3, 12),
+    st.sampled_from(
+        [
+            *(SEQUENCE_MIN, SEQUENCE_MAX - 4, 2**31 - 3, 2**53 - 2),
+            *(10**15 - 3, -(10**15) - 2, 10**15 + 1),
+        ]
+    ),
+)
+
+
+def batch_of(segments: list[tuple[str, int, int]]) -> list[tuple[str, int]]:
+    """(producer, first sequence, length) segments as records, none past int64."""
+    return [(p, s) for p, first, n in segments for s in range(first, min(first + n, 2**63))]
+
+
+RUN_OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("check"),
+            st.lists(st.tuples(PRODUCERS, RUN_STARTS, st.integers(1, 6)), max_size=5).map(batch_of),
+        ),
+        st.tuples(st.just("persist"), st.dictionaries(PRODUCERS, RUN_STARTS, max_size=3)),
+        # A chunked message in progress, acknowledged up to its chunk 0: a record without
+        # chunk headers at its sequence is bad input.
+        st.tuples(st.just("chunk"), st.tuples(PRODUCERS, RUN_STARTS)),
+        st.tuples(st.just("reset"), st.none()),
+    ),
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=250,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],  # fresh prefixes per example
+)
+@given(operations=RUN_OPERATIONS, token=st.booleans())
+async def test_runs_give_what_records_give(
+    client: redis.asyncio.Redis, operations: list[tuple[str, Any]], token: bool
+) -> None:
+    """Verdicts, the state and the token's call count, as record by record (`Pair`), and
+    the statuses as the model's while no chunk is involved."""
+    pair = Pair(client)
+    if token:
+        await pair.recover(f"token-{uuid.uuid4().hex[:6]}")
+    model: Model | None = Model()
+    for operation, argument in operations:
+        if operation == "check":
+            verdict = await pair.check(argument)
+            if model is not None:
+                assert verdict.statuses == model.check(argument)
+        elif operation == "persist":
+            await pair.persist(argument)
+            if model is not None:
+                model.persist(argument)
+        elif operation == "chunk":
+            producer, sequence = argument
+            await pair.persist({producer: ChunkProgress(sequence, "u", 0, 2, 10, 5)})
+            model = None
+        else:
+            await pair.reset()
+            if model is not None:
+                model.reset()
+        if model is not None:
+            assert await maps(pair.runs) == (model.pushed, model.persisted)
+    assert set(pair.strides) <= {"2", "4"}
+
+
+async def test_calls_answered_before_a_failed_re_send_are_counted(
+    client: redis.asyncio.Redis,
+) -> None:
+    """A re-send after "expand" that fails (the connection lost) leaves the other
+    partitions' calls answered and counted by Redis: their owner counts them too, or it
+    would no longer notice a Redis that lost them."""
+    state = DedupState(client, key_prefix=fresh_prefix(), check_encoding=CheckEncoding.RUNS)
+    big = 2**60
+    await state.load_recovered("orders", 0, {}, "token-a", now_ms=1)
+    await state.load_recovered("orders", 1, {"p": (big + 10, 1)}, "token-b", now_ms=1)
+    real, rounds = state._run, 0
+
+    async def second_round_fails(calls: Sequence[Any], before: Sequence[Any] = ()) -> list[Any]:
+        nonlocal rounds
+        rounds += 1
+        if rounds == 2:
+            raise redis.ConnectionError("lost on the way")
+        return await real(calls, before)
+
+    state._run = second_round_fails  # type: ignore[method-assign]
+    checks = [
+        PartitionCheck("orders", 0, seq("p", range(5)), "token-a"),
+        PartitionCheck("orders", 1, seq("p", range(big + 5, big + 15)), "token-b"),
+    ]
+    with pytest.raises(redis.ConnectionError):
+        await state.check_and_push(checks, 2)
+    state._run = real  # type: ignore[method-assign]
+    token_key = state.partition_keys("orders", 0)[3]
+    assert await client.get(token_key) == b"token-a 1"
+    keys = state.partition_keys("orders", 0)[:6]
+    earlier = {key: await client.dump(key) for key in keys}
+    (verdict,) = await state.check_and_push([PartitionCheck("orders", 0, [("p", 5)], "token-a")], 3)
+    assert verdict.statuses == (NOT_DUP,)
+    for key, dumped in earlier.items():  # Redis goes back to before that call
+        await client.delete(key)
+        if dumped is not None:
+            await client.restore(key, 0, dumped)
+    (verdict,) = await state.check_and_push([PartitionCheck("orders", 0, [("p", 5)], "token-a")], 4)
+    assert verdict.lost
