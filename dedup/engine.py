@@ -126,6 +126,7 @@ class _Work:
     sizes: tuple[int | None, ...] = ()  # per identity: its chunked message's bytes so far
     behind: bool = False  # refused because one ahead of it in line was not written
     in_turn: bool = False  # every request ahead of it in line is written or refused
+    checked_as: PartitionCheck | None = None  # what the state checked, once it did
 
     @property
     def key(self) -> Key:
@@ -347,6 +348,8 @@ class DedupEngine:
         pairs = [(w, check) for w in to_check if w.checked and (check := w.check()) is not None]
         if not pairs:
             return
+        for item, check in pairs:
+            item.checked_as = check
         checked = [w for w, _ in pairs]
         try:
             verdicts = await self._state.check_and_push(
@@ -395,14 +398,19 @@ class DedupEngine:
                 )
                 continue
             item.sizes = verdict.sizes
-            statuses = iter(verdict.statuses)
-            for b, batch in enumerate(item.batches):
-                for r, record in enumerate(batch.records):
-                    if record.identity is not None and next(statuses) is Status.DUP:
-                        item.keep[b][r] = False
-                        item.dropped += 1
+            if Status.DUP in verdict.statuses:  # else every record is kept, as it stands
+                self._drop_duplicates(item, verdict.statuses)
             metrics.RECORDS.labels("dup").inc(item.dropped)
             metrics.RECORDS.labels("not_dup").inc(len(verdict.statuses) - item.dropped)
+
+    @staticmethod
+    def _drop_duplicates(item: _Work, statuses: Sequence[Status]) -> None:
+        each = iter(statuses)  # one per record with identity, in batch order
+        for b, batch in enumerate(item.batches):
+            for r, record in enumerate(batch.records):
+                if record.identity is not None and next(each) is Status.DUP:
+                    item.keep[b][r] = False
+                    item.dropped += 1
 
     def _refuse_bad_chunk(self, item: _Work, why: str, index: int) -> None:
         """A chunk broke the chunk rule (`dedup.chunks.accept_chunk`): bad input, nothing
@@ -680,6 +688,9 @@ def _not_written(message: str) -> PartitionAnswer:
 def _highest_kept(item: _Work) -> dict[str, Persisted]:
     """Per producer, the highest position written: a sequence, or for a chunk that is not
     its message's last, the message's progress (sequence, chunk id, bytes so far)."""
+    check = item.checked_as
+    if check is not None and not item.dropped and not check.chunks:
+        return _highest_sequences(check.identities)  # the usual case: every record written
     highest: dict[str, Persisted] = {}
     index = -1  # of the record among those with identity (the check's order)
     for batch, keep in zip(item.batches, item.keep, strict=True):
@@ -702,6 +713,15 @@ def _highest_kept(item: _Work) -> dict[str, Persisted]:
             if known is None or persisted_position(position) > persisted_position(known):
                 highest[producer] = position
     return highest
+
+
+def _highest_sequences(identities: Sequence[tuple[str, int]]) -> dict[str, Persisted]:
+    highest: dict[str, int] = {}
+    for producer, sequence in identities:
+        known = highest.get(producer)
+        if known is None or sequence > known:  # plain sequences: no chunk positions here
+            highest[producer] = sequence
+    return dict(highest)
 
 
 def _builder(

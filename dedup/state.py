@@ -110,6 +110,10 @@ class Status(enum.IntEnum):
     UNKNOWN = 2
 
 
+# The check's status digits, looked up rather than parsed (one per record).
+_STATUS_OF_DIGIT: Final = {str(int(status)): status for status in Status}
+
+
 class CheckEncoding(enum.Enum):
     """How a batch without chunks goes to the check script."""
 
@@ -313,7 +317,7 @@ class DedupState:
                 continue
             sizes, *evicted = rest
             verdict = PartitionVerdict(
-                tuple(Status(int(digit)) for digit in _text(statuses)),
+                tuple(map(_STATUS_OF_DIGIT.__getitem__, _text(statuses))),
                 tuple(_text(producer) for producer in evicted),
                 sizes=tuple(int(size) if size else None for size in sizes),
             )

@@ -1055,6 +1055,60 @@ async def test_a_partition_whose_lease_another_holds_goes_to_the_holder_then_her
         assert rig.recovery.calls == [[P0], [P0]]
 
 
+def mixed(parts: Sequence[tuple[str, int]]) -> bytes:
+    """One batch whose records name these (producer, sequence) pairs, in this order."""
+    batch = [
+        IncomingRecord(
+            offset_delta=i,
+            timestamp=NOW_MS,
+            key=None,
+            value=b"v",
+            headers=((HEADER_PRODUCER, p.encode()), (HEADER_SEQUENCE, str(s).encode())),
+            identity=Identity(p, s),
+        )
+        for i, (p, s) in enumerate(parts)
+    ]
+    return build_batch(
+        batch,
+        compression=0,
+        timestamp_type=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        add_identity_headers=False,
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(-(2**63), 2**63 - 1)),
+        min_size=1,
+        max_size=12,
+        unique=True,
+    )
+)
+def test_what_is_recorded_acknowledged_is_each_producers_highest_sequence_written(
+    parts: list[tuple[str, int]],
+) -> None:
+    """Records in any order, of several producers: all new, so all written (the usual
+    case, taken without a look at each record), or some duplicates of an earlier batch."""
+
+    async def scenario() -> None:
+        async with running() as rig:
+            earlier = parts[: len(parts) // 3]
+            if earlier:
+                assert ok((await rig.send((P0, mixed(earlier))))[P0])
+            assert ok((await rig.send((P0, mixed(parts))))[P0])
+            await rig.settle()
+            expected: dict[str, int] = {}
+            for producer, sequence in parts:
+                expected[producer] = max(sequence, expected.get(producer, sequence))
+            assert rig.state.persisted[P0] == expected
+
+    asyncio.run(scenario())
+
+
 async def test_a_handoff_during_the_recovery_waits_for_it_then_settles_clean() -> None:
     """As in a rolling restart: a partition taken a moment ago moves on before its
     recovery is done. Before: the handoff was unclean at once, and the next owner fenced."""
