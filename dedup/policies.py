@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import RedisError
 
 
 class Mode(enum.StrEnum):
@@ -80,21 +81,35 @@ class PolicyStore:
         self._cached_at = 0.0
 
     async def snapshot(self, fresh: bool = False) -> PolicySnapshot:
+        """The policies, read again once older than ``cache_s`` (``fresh``: now).
+
+        When Redis does not answer, the policies last read serve on: the check needs Redis
+        too, so nothing is written meanwhile and the client is answered "retry" by the
+        engine rather than disconnected here. ``fresh`` (the admin API) and a proxy that
+        has not read them yet raise instead."""
         now = time.monotonic()
         if fresh or self._cached is None or now - self._cached_at > self._cache_s:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.get(self._global_key)
-                pipe.hgetall(self._prefixes_key)
-                pipe.hgetall(self._topics_key)
-                global_raw, prefixes, topics = await pipe.execute()
-            self._cached = PolicySnapshot(
-                default=self._default,
-                global_mode=None if global_raw is None else Mode(_text(global_raw)),
-                prefixes={_text(k): Mode(_text(v)) for k, v in prefixes.items()},
-                topics={_text(k): Mode(_text(v)) for k, v in topics.items()},
-            )
-            self._cached_at = now
+            try:
+                read = await self._read()
+            except RedisError:
+                if fresh or self._cached is None:
+                    raise
+                return self._cached
+            self._cached, self._cached_at = read, now
         return self._cached
+
+    async def _read(self) -> PolicySnapshot:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(self._global_key)
+            pipe.hgetall(self._prefixes_key)
+            pipe.hgetall(self._topics_key)
+            global_raw, prefixes, topics = await pipe.execute()
+        return PolicySnapshot(
+            default=self._default,
+            global_mode=None if global_raw is None else Mode(_text(global_raw)),
+            prefixes={_text(k): Mode(_text(v)) for k, v in prefixes.items()},
+            topics={_text(k): Mode(_text(v)) for k, v in topics.items()},
+        )
 
     async def mode_for(self, topic: str) -> Mode:
         return (await self.snapshot()).mode_for(topic)

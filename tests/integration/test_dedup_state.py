@@ -9,6 +9,7 @@ the shared local environment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import subprocess
 import time
@@ -23,8 +24,11 @@ import redis
 import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from dedup.chunks import ChunkProgress
+from dedup.policies import Mode, PolicyStore
 from dedup.state import (
     SEQUENCE_MAX,
     SEQUENCE_MIN,
@@ -38,6 +42,7 @@ from dedup.state import (
     check_runs,
 )
 from tests.support.ports import DEDUP_STATE_REDIS as REDIS_PORT
+from tests.support.ports import POLICY_OUTAGE_REDIS
 
 pytestmark = pytest.mark.integration
 
@@ -47,22 +52,28 @@ NOT_DUP, DUP, UNKNOWN = Status.NOT_DUP, Status.DUP, Status.UNKNOWN
 @pytest.fixture(scope="module")
 def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A private redis-server for this module, killed at the end."""
+    with redis_server(REDIS_PORT, tmp_path_factory.mktemp("dedup-redis")):
+        yield REDIS_PORT
+
+
+@contextlib.contextmanager
+def redis_server(port: int, data: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A bare redis-server on ``port``, answering PING; terminated on the way out."""
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.fail("redis-server is not installed (deploy/setup.sh installs it)", pytrace=False)
-    data = tmp_path_factory.mktemp("dedup-redis")
     log = (data / "redis.log").open("wb")
     server = subprocess.Popen(
         [
-            *(binary, "--port", str(REDIS_PORT), "--bind", "127.0.0.1"),
+            *(binary, "--port", str(port), "--bind", "127.0.0.1"),
             *("--save", "", "--appendonly", "no", "--dir", str(data)),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     try:
-        _wait_for_ping(server, data / "redis.log")
-        yield REDIS_PORT
+        _wait_for_ping(server, port, data / "redis.log")
+        yield server
     finally:
         server.terminate()
         try:
@@ -73,8 +84,8 @@ def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         log.close()
 
 
-def _wait_for_ping(server: subprocess.Popen[bytes], log: Path) -> None:
-    client = redis.Redis(port=REDIS_PORT, socket_connect_timeout=1)
+def _wait_for_ping(server: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    client = redis.Redis(port=port, socket_connect_timeout=1)
     deadline = time.monotonic() + 20
     try:
         while True:
@@ -989,3 +1000,32 @@ async def test_calls_answered_before_a_failed_re_send_are_counted(
             await client.restore(key, 0, dumped)
     (verdict,) = await state.check_and_push([PartitionCheck("orders", 0, [("p", 5)], "token-a")], 4)
     assert verdict.lost
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+async def test_the_policies_last_read_serve_on_while_redis_is_down(tmp_path: Path) -> None:
+    """The produce path keeps the policies it read (its check refuses, "retry", for want of
+    Redis); the admin API's fresh read, and a proxy that never read them, fail."""
+    with redis_server(POLICY_OUTAGE_REDIS, tmp_path) as server:
+        # No reconnection attempts with back-off: the outage shows at the first call.
+        client = redis.asyncio.Redis(
+            port=POLICY_OUTAGE_REDIS, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            store = PolicyStore(client, Mode.ENABLED, key_prefix=fresh_prefix(), cache_s=0.0)
+            await store.set_topic("logs", Mode.DISABLED)
+            read = await store.snapshot()
+            assert read.mode_for("logs") is Mode.DISABLED
+            server.terminate()
+            server.wait(10)
+            await asyncio.sleep(0.01)  # older than cache_s: read again, and Redis is gone
+            assert await store.snapshot() == read
+            with pytest.raises(redis.RedisError):
+                await store.snapshot(fresh=True)
+            never_read = PolicyStore(client, Mode.ENABLED, key_prefix=fresh_prefix())
+            with pytest.raises(redis.RedisError):
+                await never_read.snapshot()
+        finally:
+            await client.aclose()

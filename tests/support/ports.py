@@ -68,8 +68,9 @@ BATCHES_ENV = Ports(kafka_base=21092, redis=16779)
 # test_local_proxies: one broker, Redis and two proxies.
 LOCAL_PROXIES_ENV = Ports(kafka_base=21592, redis=16579, proxy_base=LOCAL_PROXY_BASE)
 
-# test_dedup_state: a bare redis-server.
+# test_dedup_state: a bare redis-server, and one a test stops.
 DEDUP_STATE_REDIS = 16679
+POLICY_OUTAGE_REDIS = 16689
 
 # test_redis_topologies: Redis with Sentinel (data nodes 16879-16881, Sentinels 16889-16891),
 # a Redis Cluster (nodes 16979-16984, cluster bus 26979-26984), and the proxy using either.
