@@ -48,14 +48,13 @@ from benchmarks.passthrough import (
     BenchmarkError,
     ProxyTarget,
     RedisStats,
-    _ports,
     parse_metrics,
     process_cpu_seconds,
     sigterm_as_interrupt,
     verdict_metric,
     write_csv,
 )
-from benchmarks.stage import Stage, StageSettings, git_commit
+from benchmarks.stage import Stage, StageSettings, add_stage_arguments, git_commit
 from benchmarks.tool_output import (
     ConsumerSummary,
     ProducerSummary,
@@ -687,22 +686,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         action="store_true",
         help="then record py-spy flame graphs of the dedup proxy (SVG)",
     )
-    parser.add_argument("--bootstrap", help="benchmark this Kafka instead of the local one")
-    parser.add_argument("--redis", help="Redis URL for the proxies (required with --bootstrap)")
-    parser.add_argument(
-        "--keep-env",
-        action="store_true",
-        help="leave the local environment running if the benchmark started it",
-    )
-    for target in PROXY_TARGETS:
-        default = DEFAULT_PORTS[target]
-        parser.add_argument(
-            f"--{target}-ports",
-            type=_ports,
-            default=default,
-            metavar="LISTEN,ADMIN,BROKER_BASE",
-            help=f"ports of the {SHORT[target]} proxy (default {','.join(map(str, default))})",
-        )
+    add_stage_arguments(parser, DEFAULT_PORTS)
     args = parser.parse_args(argv)
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
     if rounds < 1:

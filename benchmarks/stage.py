@@ -5,6 +5,7 @@ and `stall`."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -18,6 +19,7 @@ from benchmarks.passthrough import (
     DIRECT,
     LABELS,
     PROXY_TARGETS,
+    SHORT,
     BenchmarkError,
     Environment,
     ProxyTarget,
@@ -29,6 +31,30 @@ from benchmarks.passthrough import (
     port_listening,
     start_proxy,
 )
+from benchmarks.passthrough import _ports as proxy_ports
+
+
+def add_stage_arguments(
+    parser: argparse.ArgumentParser, default_ports: Mapping[str, tuple[int, int, int]]
+) -> None:
+    """The options of where a benchmark runs: --bootstrap/--redis, --keep-env, and each
+    proxy's ports."""
+    parser.add_argument("--bootstrap", help="benchmark this Kafka instead of the local one")
+    parser.add_argument("--redis", help="Redis URL for the proxies (required with --bootstrap)")
+    parser.add_argument(
+        "--keep-env",
+        action="store_true",
+        help="leave the local environment running if the benchmark started it",
+    )
+    for target in PROXY_TARGETS:
+        default = default_ports[target]
+        parser.add_argument(
+            f"--{target}-ports",
+            type=proxy_ports,
+            default=default,
+            metavar="LISTEN,ADMIN,BROKER_BASE",
+            help=f"ports of the {SHORT[target]} proxy (default {','.join(map(str, default))})",
+        )
 
 
 @dataclass

@@ -37,20 +37,18 @@ from benchmarks.passthrough import (
     PASSTHROUGH,
     PRODUCE_REQUEST_BYTES,
     PRODUCE_REQUESTS,
-    PROXY_TARGETS,
     RESULTS_DIR,
     SHORT,
     TARGETS,
     BenchmarkError,
     WorkerPool,
-    _ports,
     parse_metrics,
     percentile,
     process_cpu_seconds,
     sigterm_as_interrupt,
     write_csv,
 )
-from benchmarks.stage import Stage, StageSettings, git_commit
+from benchmarks.stage import Stage, StageSettings, add_stage_arguments, git_commit
 
 BIG_RECORD_BYTES = 1000
 SMALL_RECORD_BYTES = 100
@@ -442,22 +440,7 @@ def parse_args(argv: list[str] | None) -> Settings:
     parser.add_argument(
         "--big-mb", type=int, help=f"payload of the big request, MB (default {DEFAULT_BIG_MB})"
     )
-    parser.add_argument("--bootstrap", help="benchmark this Kafka instead of the local one")
-    parser.add_argument("--redis", help="Redis URL for the proxies (required with --bootstrap)")
-    parser.add_argument(
-        "--keep-env",
-        action="store_true",
-        help="leave the local environment running if the benchmark started it",
-    )
-    for target in PROXY_TARGETS:
-        default = DEFAULT_PORTS[target]
-        parser.add_argument(
-            f"--{target}-ports",
-            type=_ports,
-            default=default,
-            metavar="LISTEN,ADMIN,BROKER_BASE",
-            help=f"ports of the {SHORT[target]} proxy (default {','.join(map(str, default))})",
-        )
+    add_stage_arguments(parser, DEFAULT_PORTS)
     args = parser.parse_args(argv)
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
     big_mb = args.big_mb or (QUICK_BIG_MB if args.quick else DEFAULT_BIG_MB)

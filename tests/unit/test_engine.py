@@ -75,16 +75,21 @@ RETRIABLE_NOT_WRITTEN = {ErrorCode.not_enough_replicas, ErrorCode.not_leader_or_
 
 def records(producer: str, sequences: Sequence[int]) -> bytes:
     """One record batch, each record with explicit identity headers (value ``v<seq>``)."""
+    return mixed([(producer, s) for s in sequences])
+
+
+def mixed(parts: Sequence[tuple[str, int]]) -> bytes:
+    """One batch whose records name these (producer, sequence) pairs, in this order."""
     batch = [
         IncomingRecord(
             offset_delta=i,
             timestamp=NOW_MS,
             key=None,
             value=f"v{s}".encode(),
-            headers=((HEADER_PRODUCER, producer.encode()), (HEADER_SEQUENCE, str(s).encode())),
-            identity=Identity(producer, s),
+            headers=((HEADER_PRODUCER, p.encode()), (HEADER_SEQUENCE, str(s).encode())),
+            identity=Identity(p, s),
         )
-        for i, s in enumerate(sequences)
+        for i, (p, s) in enumerate(parts)
     ]
     return build_batch(
         batch,
@@ -1053,30 +1058,6 @@ async def test_a_partition_whose_lease_another_holds_goes_to_the_holder_then_her
         assert ok((await rig.send((P0, records("p", [0]))))[P0])
         assert rig.writer.log[P0] == in_order("p", [0])
         assert rig.recovery.calls == [[P0], [P0]]
-
-
-def mixed(parts: Sequence[tuple[str, int]]) -> bytes:
-    """One batch whose records name these (producer, sequence) pairs, in this order."""
-    batch = [
-        IncomingRecord(
-            offset_delta=i,
-            timestamp=NOW_MS,
-            key=None,
-            value=b"v",
-            headers=((HEADER_PRODUCER, p.encode()), (HEADER_SEQUENCE, str(s).encode())),
-            identity=Identity(p, s),
-        )
-        for i, (p, s) in enumerate(parts)
-    ]
-    return build_batch(
-        batch,
-        compression=0,
-        timestamp_type=0,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        add_identity_headers=False,
-    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
