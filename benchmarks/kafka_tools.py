@@ -50,7 +50,6 @@ from benchmarks.passthrough import (
     RedisStats,
     parse_metrics,
     process_cpu_seconds,
-    sigterm_as_interrupt,
     verdict_metric,
     write_csv,
 )
@@ -766,12 +765,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows: list[ToolRow] = []
     try:
-        with sigterm_as_interrupt():
-            try:
-                stage.open()
-                run(Bench(settings, stage), rows)
-            finally:
-                stage.close()
+        with stage.opened():
+            run(Bench(settings, stage), rows)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; proxies stopped[/]")
         write_csv(settings.out / "kafka_tools.partial.csv", rows, COLUMNS)

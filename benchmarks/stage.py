@@ -10,7 +10,7 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from benchmarks.passthrough import (
     make_proxies,
     open_environment,
     port_listening,
+    sigterm_as_interrupt,
     start_proxy,
 )
 from benchmarks.passthrough import _ports as proxy_ports
@@ -92,6 +93,17 @@ class Stage:
     def redis(self) -> RedisStats:
         assert self._redis is not None, "the stage is not open"
         return self._redis
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[Stage]:
+        """The stage open for the block and closed after it, whatever ends it (SIGTERM
+        is taken as Ctrl-C)."""
+        with sigterm_as_interrupt():
+            try:
+                self.open()
+                yield self
+            finally:
+                self.close()
 
     def open(self) -> None:
         settings = self.settings

@@ -45,7 +45,6 @@ from benchmarks.passthrough import (
     parse_metrics,
     percentile,
     process_cpu_seconds,
-    sigterm_as_interrupt,
     write_csv,
 )
 from benchmarks.stage import Stage, StageSettings, add_stage_arguments, git_commit
@@ -488,12 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows: list[StallRow] = []
     try:
-        with sigterm_as_interrupt():
-            try:
-                stage.open()
-                run(stage, settings, rows)
-            finally:
-                stage.close()
+        with stage.opened():
+            run(stage, settings, rows)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         return 130

@@ -41,7 +41,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -721,7 +721,7 @@ def _highest_sequences(identities: Sequence[tuple[str, int]]) -> dict[str, Persi
         known = highest.get(producer)
         if known is None or sequence > known:  # plain sequences: no chunk positions here
             highest[producer] = sequence
-    return dict(highest)
+    return cast(dict[str, Persisted], highest)  # a sequence is a Persisted: no copy
 
 
 def _builder(
