@@ -161,6 +161,7 @@ class DedupEngine:
         *,
         first_use_wait_s: float = FIRST_USE_WAIT_S,
         settle_wait_s: float = SETTLE_WAIT_S,
+        persisted_linger_s: float = 0.005,
     ) -> None:
         self._state = state
         self._policies = policies
@@ -173,7 +174,9 @@ class DedupEngine:
         self._settle_wait_s = settle_wait_s
         self._partitions = recoveries.partitions
         self._background: set[asyncio.Task[None]] = set()
-        self._persisted = PersistedRecorder(state, on_lost=recoveries.state_lost, clock=clock)
+        self._persisted = PersistedRecorder(
+            state, on_lost=recoveries.state_lost, clock=clock, linger_s=persisted_linger_s
+        )
 
     async def flush_persisted(self) -> None:
         """Wait until every acknowledged sequence is recorded in Redis."""
@@ -390,6 +393,13 @@ class DedupEngine:
                 continue
             if verdict.refused:
                 metrics.RECORDS.labels("unknown").inc(len(verdict.statuses))
+                state = self._state_of(item)
+                if state.pending == 1 and not state.cursor.unsettled:
+                    # Nothing of this partition is on its way from here, and no other
+                    # instance writes it: pushed is above persisted only through a check
+                    # whose caller gave up on it (timed out) and that ran later, after the
+                    # reset. Reset again, or the retry would read UNKNOWN for ever.
+                    self._fail(item)
                 self._refuse(
                     item,
                     _not_written(

@@ -12,16 +12,24 @@
   re-reads the slot map after a failover.
 
 A port left out is Redis's default (6379; 26379 for a Sentinel).
+
+Every client is built without automatic retries: a script sent on a connection that then
+failed or timed out may have run, and running the check twice would read a batch's own
+records as duplicates. The caller treats such a failure as a failed write instead. A URL in
+an error message or a log line has its password masked (`redacted`).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import unquote
 
 import redis.asyncio
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import NoBackoff
 
 # What `DedupState` and `PolicyStore` are given: one Redis (maybe a Sentinel-managed
 # primary) or a cluster.
@@ -41,7 +49,8 @@ def redis_from_url(url: str, **kwargs: Any) -> AnyRedis:
     scheme, sep, _ = url.partition("://")
     scheme = scheme.lower()
     if not sep:
-        raise ValueError(f"not a Redis URL (no scheme://): {url!r}")
+        raise ValueError(f"not a Redis URL (no scheme://): {redacted(url)!r}")
+    kwargs.setdefault("retry", no_retry())
     if scheme in _SINGLE_SCHEMES:
         return redis.asyncio.from_url(url, **kwargs)
     if scheme == SENTINEL_SCHEME:
@@ -49,7 +58,23 @@ def redis_from_url(url: str, **kwargs: Any) -> AnyRedis:
     if scheme == CLUSTER_SCHEME:
         return _cluster(url, **kwargs)
     known = ", ".join(f"{s}://" for s in (*_SINGLE_SCHEMES, SENTINEL_SCHEME, CLUSTER_SCHEME))
-    raise ValueError(f"unknown Redis URL scheme {scheme!r} in {url!r}: use one of {known}")
+    raise ValueError(
+        f"unknown Redis URL scheme {scheme!r} in {redacted(url)!r}: use one of {known}"
+    )
+
+
+def no_retry() -> Retry:
+    """A retry policy that never retries (see the module)."""
+    return Retry(NoBackoff(), 0)
+
+
+# The password of USER:PASSWORD@ (or :PASSWORD@) in a URL's authority.
+_PASSWORD = re.compile(r"(?P<head>^[^:/]+://[^@/]*?:)(?P<password>[^@/]*)(?=@)")
+
+
+def redacted(url: str) -> str:
+    """`url` with its password, if any, replaced by ``***`` (for logs and messages)."""
+    return _PASSWORD.sub(lambda m: m["head"] + ("***" if m["password"] else ""), url, count=1)
 
 
 def _sentinel(url: str, **kwargs: Any) -> redis.asyncio.Redis:
@@ -60,18 +85,19 @@ def _sentinel(url: str, **kwargs: Any) -> redis.asyncio.Redis:
     if not 1 <= len(path) <= 2 or not path[0]:
         raise ValueError(
             f"a Sentinel URL names the primary: "
-            f"{SENTINEL_SCHEME}://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB], not {url!r}"
+            f"{SENTINEL_SCHEME}://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB], not {redacted(url)!r}"
         )
     db = _db(path[1], url) if len(path) == 2 else 0
     hosts = _hosts(netloc, DEFAULT_SENTINEL_PORT, url)
     credentials = _credentials(netloc)
     # The Sentinels get the socket settings but not the data nodes' credentials; a Sentinel
-    # that does not answer within a second is skipped for the next one.
-    sentinel_kwargs = {
-        "socket_timeout": SENTINEL_TIMEOUT_S,
-        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
-        **{k: v for k, v in kwargs.items() if k.startswith("socket_")},
-    }
+    # that does not answer within a second (or the given timeout, if shorter) is skipped for
+    # the next one.
+    sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
+    for timeout in ("socket_timeout", "socket_connect_timeout"):
+        sentinel_kwargs[timeout] = min(
+            sentinel_kwargs.get(timeout) or SENTINEL_TIMEOUT_S, SENTINEL_TIMEOUT_S
+        )
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     primary: _SentinelPrimary = sentinel.master_for(
         path[0], redis_class=_SentinelPrimary, db=db, **credentials, **kwargs
@@ -84,7 +110,7 @@ def _cluster(url: str, **kwargs: Any) -> RedisCluster:
     if path not in ("", "/", "/0"):
         raise ValueError(
             f"a Redis Cluster has only database 0: "
-            f"{CLUSTER_SCHEME}://HOST:PORT[,HOST:PORT...], not {url!r}"
+            f"{CLUSTER_SCHEME}://HOST:PORT[,HOST:PORT...], not {redacted(url)!r}"
         )
     nodes = [ClusterNode(host, port) for host, port in _hosts(netloc, DEFAULT_PORT, url)]
     return RedisCluster(startup_nodes=nodes, **_credentials(netloc), **kwargs)
@@ -106,7 +132,7 @@ def _split(url: str) -> tuple[str, str]:
     """(netloc, path) of a URL with several hosts, which urllib does not parse."""
     rest = url.partition("://")[2]
     if "?" in rest or "#" in rest:
-        raise ValueError(f"query parameters are not supported in {url!r}")
+        raise ValueError(f"query parameters are not supported in {redacted(url)!r}")
     netloc, slash, path = rest.partition("/")
     return netloc, slash + path
 
@@ -119,18 +145,18 @@ def _hosts(netloc: str, default_port: int, url: str) -> list[tuple[str, int]]:
         if item.startswith("["):
             host, bracket, rest = item[1:].partition("]")
             if not bracket or (rest and not rest.startswith(":")):
-                raise ValueError(f"malformed host {item!r} in {url!r}")
+                raise ValueError(f"malformed host {item!r} in {redacted(url)!r}")
             port_text = rest[1:]
         else:
             host, _, port_text = item.partition(":")
         if not host:
-            raise ValueError(f"a host is missing in {url!r}")
+            raise ValueError(f"a host is missing in {redacted(url)!r}")
         try:
             port = int(port_text) if port_text else default_port
         except ValueError:
-            raise ValueError(f"bad port {port_text!r} in {url!r}") from None
+            raise ValueError(f"bad port {port_text!r} in {redacted(url)!r}") from None
         if not 0 < port < 65536:
-            raise ValueError(f"port {port} out of range in {url!r}")
+            raise ValueError(f"port {port} out of range in {redacted(url)!r}")
         hosts.append((host, port))
     return hosts
 
@@ -153,7 +179,7 @@ def _db(text: str, url: str) -> int:
     try:
         db = int(text)
     except ValueError:
-        raise ValueError(f"bad database number {text!r} in {url!r}") from None
+        raise ValueError(f"bad database number {text!r} in {redacted(url)!r}") from None
     if db < 0:
-        raise ValueError(f"bad database number {text!r} in {url!r}")
+        raise ValueError(f"bad database number {text!r} in {redacted(url)!r}")
     return db

@@ -24,7 +24,7 @@ from dedup.policies import Mode, PolicyStore
 from dedup.ports import SystemClock
 from dedup.recovery import Owners, Recovery
 from dedup.recovery_scheduler import RecoveryScheduler
-from dedup.redis_connect import redis_from_url
+from dedup.redis_connect import redacted, redis_from_url
 from dedup.settings import DedupSettings
 from dedup.snapshots import SnapshotError, SnapshotStore
 from dedup.snapshotter import SnapshotPolicy, Snapshotter
@@ -65,7 +65,11 @@ class DedupService:
         self.upstream = upstream
         leader_of = upstream.leader_of
         self._leader_of = leader_of
-        self.redis = redis_from_url(settings.redis)
+        self.redis = redis_from_url(
+            settings.redis,
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_connect_timeout_s,
+        )
         prefix = settings.redis_key_prefix
         self.state = DedupState(
             self.redis, key_prefix=prefix, max_producers=settings.max_producers_per_partition
@@ -140,6 +144,7 @@ class DedupService:
             self.recoveries,
             SystemClock(),
             self.ownership,
+            persisted_linger_s=settings.persisted_linger_s,
         )
         self.snapshotter = Snapshotter(
             self.engine,
@@ -180,7 +185,9 @@ class DedupService:
             await cast(Awaitable[bool], self.redis.ping())
         except redis.RedisError as exc:
             # Not fatal: produce requests are refused (retriable) until Redis answers.
-            log.error("Redis not reachable at start", redis=self.settings.redis, error=str(exc))
+            log.error(
+                "Redis not reachable at start", redis=redacted(self.settings.redis), error=str(exc)
+            )
         await self.ownership.start()  # DuplicateInstance: a configuration error, fatal
         self._tasks = [
             asyncio.create_task(self._purge_loop(), name="purge-idle-producers"),

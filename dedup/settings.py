@@ -22,6 +22,15 @@ class DedupSettings(BaseSettings):
     )
 
     redis: str = Field(default="redis://127.0.0.1:16379/0", description="Redis URL")
+    redis_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="a Redis command unanswered this long fails (the Produce it served is "
+        "answered 'retry')",
+    )
+    redis_connect_timeout_s: float = Field(
+        default=2.0, gt=0, description="connecting to Redis (each Sentinel at most 1 s)"
+    )
     dedup: bool = Field(
         default=True,
         description="dedup for topics without a policy (the proxy-wide default; --no-dedup)",
@@ -31,6 +40,13 @@ class DedupSettings(BaseSettings):
     redis_key_prefix: str = Field(default="dedup", min_length=1)
     policy_cache_s: float = Field(
         default=1.0, ge=0, description="how long a proxy may use policies before re-reading"
+    )
+    persisted_linger_s: float = Field(
+        default=0.005,
+        ge=0,
+        le=1,
+        description="how long acknowledged sequences wait to share one Redis write with the "
+        "acks that follow (a re-send meanwhile is answered 'retry', never taken as new)",
     )
     max_producers_per_partition: int = Field(default=10_000, gt=0)
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -25,7 +26,9 @@ from deploy.local import EnvInfo, LocalEnvironment
 from deploy.processes import port_open
 from tests.support.kafka_io import assert_exactly_once_in_order, values
 from tests.support.load import SequencedProducer
-from tests.support.ports import RECOVERY
+from tests.support.ports import RECOVERY, REDIS_RELAY
+from tests.support.raw import explicit_batch, produce_raw, produce_request
+from tests.support.relay import Relay
 from tests.support.restartable import RestartableProxy
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
@@ -33,6 +36,7 @@ from tests.support.wait import wait_until
 pytestmark = pytest.mark.integration
 
 REDIS_DB = 5  # this file's proxies only: a FLUSHDB here touches no other test's state
+NOT_ENOUGH_REPLICAS = 19  # Kafka's retriable "not written", the answer without Redis
 REDIS_DOWN = "dedup state unavailable"  # the log line of a request refused without Redis
 
 
@@ -230,6 +234,43 @@ def test_redis_killed_and_restarted_empty_under_load(
     blind_resend(proxy, topic, "p-redis", range(total // 2, total))
     _read_back(local_env.bootstrap, topic, total)
     assert len(recoveries(restartable, topic=topic)) >= 2, "first use, then the empty Redis"
+
+
+def test_a_blackholed_redis_is_answered_retriable_within_its_timeout(
+    local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """Redis stops answering, its connections left open (a blackholed network): a Produce
+    is answered "retry" within the Redis timeout instead of hanging, and once Redis answers
+    again the producer's records land once each (a check held in the network and run late
+    included)."""
+    redis_port = urlsplit(local_env.redis).port
+    assert redis_port is not None
+    relay = Relay({REDIS_RELAY: redis_port}).start()
+    restartable = recovery_proxy(
+        local_env,
+        tmp_path,
+        DEDUP_PROXY_REDIS=f"redis://127.0.0.1:{REDIS_RELAY}/{REDIS_DB}",
+        DEDUP_PROXY_REDIS_TIMEOUT_S="1",
+    )
+    try:
+        proxy = restartable.start()
+        topic = new_topic(local_env.bootstrap)
+        blind_resend(proxy, topic, "p-hole", range(100))
+        relay.freeze()
+        started = time.monotonic()
+        answer = produce_raw(
+            proxy, produce_request(topic, {0: explicit_batch([("p-hole", 100), ("p-hole", 101)])})
+        )
+        waited = time.monotonic() - started
+        relay.thaw()
+        assert answer.error_code == NOT_ENOUGH_REPLICAS, answer
+        # The policies' re-read and the check, a second each, and some slack.
+        assert waited < 8, f"answered after {waited:.1f} s"
+        blind_resend(proxy, topic, "p-hole", range(100, 300))
+        assert_topic_is(local_env.bootstrap, topic, 300)
+    finally:
+        restartable.stop()
+        relay.stop()
 
 
 # ----------------------------------------------------------------------------- snapshots

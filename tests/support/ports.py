@@ -72,6 +72,9 @@ LOCAL_PROXIES_ENV = Ports(kafka_base=21592, redis=16579, proxy_base=LOCAL_PROXY_
 DEDUP_STATE_REDIS = 16679
 POLICY_OUTAGE_REDIS = 16689
 
+# test_recovery: a relay in front of the local Redis that the test can blackhole.
+REDIS_RELAY = 16699
+
 # test_redis_topologies: Redis with Sentinel (data nodes 16879-16881, Sentinels 16889-16891),
 # a Redis Cluster (nodes 16979-16984, cluster bus 26979-26984), and the proxy using either.
 SENTINEL_REDIS = 16879

@@ -3,6 +3,8 @@
 Clients reach the proxy only through it: the proxy advertises the relay's ports, the relay
 forwards each port to the proxy's. ``cut()`` resets every open connection in both
 directions, mid-request, the way a failing network does; new connections keep working.
+``freeze()`` blackholes it: connections stay open (and new ones are accepted) but no byte
+goes through, in either direction, until ``thaw()``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Relay:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._servers: list[asyncio.Server] = []
         self._open: set[asyncio.StreamWriter] = set()
+        self._flowing: asyncio.Event | None = None  # made on the relay's loop
         self.cuts = 0
 
     def start(self) -> Relay:
@@ -36,12 +39,27 @@ class Relay:
         self.cuts += 1
         return count
 
+    def freeze(self) -> None:
+        """Hold every byte from now on (a blackholed network), until `thaw`."""
+        self._loop.call_soon_threadsafe(self._gate().clear)
+
+    def thaw(self) -> None:
+        """Forward again, held bytes first."""
+        self._loop.call_soon_threadsafe(self._gate().set)
+
+    def _gate(self) -> asyncio.Event:
+        assert self._flowing is not None, "start() the relay first"
+        return self._flowing
+
     def stop(self) -> None:
+        self.thaw()
         asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
     async def _listen(self) -> None:
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         for listen_port, target_port in self._ports.items():
 
             async def handle(
@@ -57,6 +75,7 @@ class Relay:
         self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter, target: int
     ) -> None:
         try:
+            await self._gate().wait()
             upstream_reader, upstream_writer = await asyncio.open_connection(self._host, target)
         except OSError:
             client_writer.close()
@@ -66,6 +85,7 @@ class Relay:
         async def copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
             with contextlib.suppress(OSError):
                 while chunk := await source.read(65536):
+                    await self._gate().wait()
                     sink.write(chunk)
                     await sink.drain()
             _reset(sink)

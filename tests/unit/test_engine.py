@@ -35,6 +35,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName, TransactionalId
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dedup.batches import (
     HEADER_PRODUCER,
@@ -151,6 +152,8 @@ class FakeState:
     now_ms: list[int] = field(default_factory=list)
     hold_check: asyncio.Event | None = None  # the next check waits for it
     fail_check: str | None = None  # "before" / "after" the script ran: the next check raises
+    # ... or "late": it raises, and its script reaches Redis only at `run_late_checks`.
+    late_checks: list[Sequence[PartitionCheck]] = field(default_factory=list)
 
     async def check_and_push(
         self, checks: Sequence[PartitionCheck], now_ms: int
@@ -162,10 +165,19 @@ class FakeState:
         fail, self.fail_check = self.fail_check, None
         if fail == "before":
             raise RedisConnectionError("connection lost before the script ran")
+        if fail == "late":
+            self.late_checks.append(checks)
+            raise RedisTimeoutError("no answer in time; the script is still on its way")
         verdicts = [self._check(check) for check in checks]
         if fail == "after":
             raise RedisConnectionError("connection lost after the script ran")
         return verdicts
+
+    def run_late_checks(self) -> None:
+        for checks in self.late_checks:
+            for check in checks:
+                self._check(check)
+        self.late_checks.clear()
 
     def _check(self, check: PartitionCheck) -> PartitionVerdict:
         key = (check.topic, check.partition)
@@ -841,6 +853,27 @@ async def test_redis_failing_the_check_refuses_and_the_retry_is_accepted_after_t
         assert retried[P0] == PartitionAnswer(base_offset=1)
 
 
+async def test_a_check_that_reached_redis_after_its_caller_gave_up_does_not_block_the_retry() -> (
+    None
+):
+    """A check timed out, the partition was reset, then the script ran (held in the
+    network): pushed is above persisted with nothing in flight. The retry reads UNKNOWN
+    once; it must not for ever."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        rig.state.fail_check = "late"
+        refused = await rig.send((P0, records("p", [1, 2])))
+        assert refused[P0].error_code == ErrorCode.not_enough_replicas
+        await rig.settle()  # the reset after the failed check
+        rig.state.run_late_checks()  # pushed[p] = 2 now, and nothing is on its way
+        first_retry = await rig.send((P0, records("p", [1, 2])))
+        assert retriable_not_written(first_retry[P0])
+        await rig.settle()
+        retried = await rig.send((P0, records("p", [1, 2])))
+        assert retried[P0] == PartitionAnswer(base_offset=1)
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+
+
 async def test_state_lost_in_redis_recovers_the_partition_and_the_retry_is_accepted() -> None:
     async with running() as rig:
         await rig.send((P0, records("p", [0, 1])))
@@ -1080,6 +1113,7 @@ def test_what_is_recorded_acknowledged_is_each_producers_highest_sequence_writte
             earlier = parts[: len(parts) // 3]
             if earlier:
                 assert ok((await rig.send((P0, mixed(earlier))))[P0])
+                await rig.settle()  # acknowledged and recorded: a re-send is a duplicate
             assert ok((await rig.send((P0, mixed(parts))))[P0])
             await rig.settle()
             expected: dict[str, int] = {}

@@ -39,7 +39,7 @@ class FakeState:
 def test_updates_queued_during_a_flush_share_the_next_round_trip() -> None:
     async def scenario() -> list[Any]:
         state = FakeState()
-        recorder = PersistedRecorder(state)  # type: ignore[arg-type]
+        recorder = PersistedRecorder(state, linger_s=0)  # type: ignore[arg-type]
         recorder.add("t", 0, {"a": 1})
         await asyncio.sleep(0)  # the flusher is now waiting on Redis
         recorder.add("t", 0, {"a": 5, "b": 2})
@@ -65,3 +65,37 @@ def test_a_failed_flush_is_retried_not_dropped() -> None:
         return state.calls
 
     assert asyncio.run(scenario()) == [[("t", 0, {"a": 4})]]
+
+
+def test_acks_within_the_linger_share_one_write() -> None:
+    async def scenario() -> list[Any]:
+        state = FakeState()
+        state.gate.set()
+        recorder = PersistedRecorder(state, linger_s=0.05)  # type: ignore[arg-type]
+        recorder.add("t", 0, {"a": 1})
+        await asyncio.sleep(0.005)  # the flusher lingers
+        recorder.add("t", 0, {"a": 2})
+        recorder.add("t", 1, {"b": 7})
+        await asyncio.sleep(0.2)
+        return state.calls
+
+    assert asyncio.run(scenario()) == [[("t", 0, {"a": 2}), ("t", 1, {"b": 7})]]
+
+
+def test_a_reader_that_flushes_does_not_wait_for_the_linger() -> None:
+    async def scenario() -> float:
+        state = FakeState()
+        state.gate.set()
+        recorder = PersistedRecorder(state, linger_s=30)  # type: ignore[arg-type]
+        recorder.add("t", 0, {"a": 1})
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.wait_for(recorder.flush(), 5)
+        assert state.calls == [[("t", 0, {"a": 1})]]
+        # The next write lingers again: the hurry was for that reader only.
+        recorder.add("t", 0, {"a": 2})
+        await asyncio.sleep(0.05)
+        assert state.calls == [[("t", 0, {"a": 1})]]
+        return loop.time() - started
+
+    assert asyncio.run(scenario()) < 5

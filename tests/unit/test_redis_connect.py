@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import redis.asyncio
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import SentinelConnectionPool
 
-from dedup.redis_connect import redis_from_url
+from dedup.redis_connect import redacted, redis_from_url
 
 
 async def test_a_plain_url_is_one_redis_as_from_url_reads_it() -> None:
@@ -82,3 +82,64 @@ async def test_a_cluster_url_gives_a_cluster_client_with_every_startup_node() ->
 def test_a_bad_url_is_a_clear_value_error(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         redis_from_url(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:hunter2@127.0.0.1:6390/4",
+        "redis+sentinel://user:hunter2@h1:26380,h2/primary",
+        "redis+cluster://user:hunter2@127.0.0.1:7000,127.0.0.1:7001",
+    ],
+)
+async def test_no_client_retries_a_command_by_itself(url: str) -> None:
+    """A script re-sent after a timeout may run twice: every kind of client is built with
+    no retry, and with the socket timeouts it is given."""
+    client = redis_from_url(url, socket_timeout=1.5, socket_connect_timeout=0.5)
+    if isinstance(client, RedisCluster):
+        assert client.retry.get_retries() == 0  # the cluster client's own retry (3 by default)
+        node = ClusterNode("127.0.0.1", 7000, **client.nodes_manager.connection_kwargs)
+        connection = node.acquire_connection()
+        assert connection.retry.get_retries() == 0
+        assert (connection.socket_timeout, connection.socket_connect_timeout) == (1.5, 0.5)
+    else:
+        connection = client.connection_pool.make_connection()
+        assert connection.retry.get_retries() == 0
+        assert (connection.socket_timeout, connection.socket_connect_timeout) == (1.5, 0.5)
+        pool = client.connection_pool
+        if isinstance(pool, SentinelConnectionPool):  # a Sentinel waits at most 1 s
+            sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+            assert (sentinel["socket_timeout"], sentinel["socket_connect_timeout"]) == (1.0, 0.5)
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:hunter2@h:6379/0", "redis://:***@h:6379/0"),
+        ("redis://user:hunter2@h/0", "redis://user:***@h/0"),
+        ("rediss://user:hun:ter2@h", "rediss://user:***@h"),
+        ("redis+sentinel://u:hunter2@h1:26380,h2/m", "redis+sentinel://u:***@h1:26380,h2/m"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+        ("redis://user@h:6379", "redis://user@h:6379"),
+        ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+    ],
+)
+def test_a_url_is_shown_without_its_password(url: str, shown: str) -> None:
+    assert redacted(url) == shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel://user:hunter2@127.0.0.1:26379",
+        "redis+cluster://user:hunter2@127.0.0.1:7000/1",
+        "redis+cluster://user:hunter2@127.0.0.1:x",
+        "http://user:hunter2@127.0.0.1",
+    ],
+)
+def test_a_bad_url_error_does_not_show_the_password(url: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        redis_from_url(url)
+    assert "hunter2" not in str(raised.value)
+    assert "***" in str(raised.value)
