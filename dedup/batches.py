@@ -38,6 +38,11 @@ Error codes: where Kafka 4 refuses the same bytes, its code; the rule behind the
   decompress (Kafka: UNKNOWN_SERVER_ERROR), a bad identity header: `INVALID_RECORD` (87),
   not retriable, since resending the same bytes cannot help.
 - An unknown compression codec id (5..7): `UNSUPPORTED_COMPRESSION_TYPE` (76).
+- Over a bound of `ReadLimits` (a Produce request's batches only, never the log's):
+  more records than `max_records`, or decompressing to more than `max_decompressed_bytes`
+  (stopped there, never decompressed in full): `MESSAGE_TOO_LARGE` (10), on which Kafka's
+  Java producer splits the batch and retries; a record with more headers than
+  `max_headers`, or a producer name longer than `max_producer_bytes`: `INVALID_RECORD`.
 
 `read_batches(..., from_log=True)` reads batches fetched from a partition's log (replay)
 instead: a partial batch at the end is normal there (Fetch cuts at max bytes), compaction
@@ -47,6 +52,8 @@ occur, and identity comes from headers only (see `read_batches`).
 
 from __future__ import annotations
 
+import gzip
+import io
 import struct
 import sys
 from collections.abc import Callable, Sequence
@@ -54,6 +61,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import kafka.codec as _codec
+import lz4.frame  # type: ignore[import-untyped]
+import zstandard
 from aiokafka.record._crecords import DefaultRecordBatch as _CompiledBatch
 from aiokafka.record._crecords import DefaultRecordBatchBuilder as _CompiledBuilder
 from crc32c import crc32c as _crc32c
@@ -114,6 +123,22 @@ class BadBatch(Exception):
         self.message = message
 
 
+class LimitExceeded(BadBatch):
+    """Over a bound of `ReadLimits`: refused at once, never handed to the reference reader
+    (which would do the unbounded work the bound is there to prevent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    """What one partition batch of a Produce request may expand to (defaults: the proxy's
+    settings of the same names, docs/operations.md)."""
+
+    max_records: int = 50_000
+    max_decompressed_bytes: int = 32 << 20
+    max_headers: int = 1_000
+    max_producer_bytes: int = 256
+
+
 @dataclass(frozen=True, slots=True)
 class IdentityHeaders:
     """The names of the two identity headers (configurable; defaults: `dedup.identity`)."""
@@ -167,6 +192,8 @@ class IncomingBatch:
     canonical: bool = False
     # Some record's identity is implicit, not in its headers: a rebuild would add them.
     implicit_identities: bool = False
+    # The bytes of its records decompressed, when read within limits (else -1)
+    decompressed_size: int = -1
 
 
 def implicit_producer(producer_id: int, producer_epoch: int) -> str:
@@ -182,7 +209,11 @@ def implicit_sequence(base_sequence: int, offset_delta: int) -> int:
 
 
 def read_batches(
-    data: bytes, headers: IdentityHeaders = DEFAULT_HEADERS, *, from_log: bool = False
+    data: bytes,
+    headers: IdentityHeaders = DEFAULT_HEADERS,
+    *,
+    from_log: bool = False,
+    limits: ReadLimits | None = None,
 ) -> list[IncomingBatch]:
     """The record batches in `data` with every record and its identity.
 
@@ -198,6 +229,9 @@ def read_batches(
     proxy's own producer id, so implicit identities would be bogus. A record whose identity
     headers are malformed (written around the proxy) has no identity instead of failing
     the replay.
+
+    `limits` bound what a produce request's batch may expand to (see the module); the log
+    is read without bounds, since its records are what recovery must read back.
     """
     batches: list[IncomingBatch] = []
     pos, end = 0, len(data)
@@ -247,7 +281,7 @@ def read_batches(
                 "produce requests of version 3 and above may contain exactly one record "
                 "batch per partition",
             )
-        batches.append(_read_batch(bytes(data[pos:batch_end]), index, headers, from_log))
+        batches.append(_read_batch(bytes(data[pos:batch_end]), index, headers, from_log, limits))
         pos = batch_end
     if not batches and not from_log:
         raise BadBatch(
@@ -257,18 +291,153 @@ def read_batches(
     return batches
 
 
-def _read_batch(raw: bytes, index: int, names: IdentityHeaders, from_log: bool) -> IncomingBatch:
+def _read_batch(
+    raw: bytes, index: int, names: IdentityHeaders, from_log: bool, limits: ReadLimits | None
+) -> IncomingBatch:
     """The compiled reader where it is sure to read what the reference reader reads; the
     reference reader for everything else: bad input (its checks and messages are the
-    rules) and encodings no client writes."""
-    batch = _read_compiled(raw, names, from_log)
+    rules) and encodings no client writes. Bounds first, on an intact batch (a damaged
+    one is the reference reader's: CORRUPT_MESSAGE before it decompresses anything)."""
+    fields = _HEADER.unpack_from(raw)
+    intact = _crc32c(memoryview(raw)[_ATTRIBUTES_OFFSET:]) == fields[4]
+    body = None
+    if limits is not None and intact:
+        body = _within_limits(raw, fields, index, limits)
+    batch = None
+    if intact:
+        batch = _read_compiled(
+            raw, names, from_log, fields=fields, intact=intact, body=body, limits=limits
+        )
     if batch is None:
-        batch = _read_reference(raw, index, names, from_log)
+        size = -1 if body is None else len(body)
+        batch = _read_reference(raw, index, names, from_log, limits, size)
     return batch
 
 
+def _within_limits(
+    raw: bytes, fields: tuple[Any, ...], index: int, limits: ReadLimits
+) -> bytes | memoryview | None:
+    """Raises `LimitExceeded` for a batch over `limits`; else its records decompressed (None
+    when they do not decompress: the reference reader says why)."""
+    count, codec = fields[12], fields[5] & _CODEC_MASK
+    if count > limits.max_records:
+        raise LimitExceeded(
+            ErrorCode.message_too_large,
+            f"batch {index} has {count} records, over the proxy's max_batch_records "
+            f"{limits.max_records}",
+        )
+    if codec not in CODEC_NAMES:
+        return None
+    try:
+        body = _bounded_decompressed(codec, memoryview(raw)[HEADER_SIZE:], limits)
+    except _OverLimit:
+        body = None
+        over = True
+    else:
+        over = body is not None and len(body) > limits.max_decompressed_bytes
+    if over:
+        raise LimitExceeded(
+            ErrorCode.message_too_large,
+            f"batch {index}'s {CODEC_NAMES[codec]} records decompress to more than "
+            f"{limits.max_decompressed_bytes} bytes, the most the proxy takes "
+            "(max_batch_decompressed_bytes, and max_request_decompressed_bytes for all the "
+            "partitions of a request)",
+        )
+    if body is not None and len(body) > SCAN_HEADERS_ABOVE_BYTES:
+        _scan_header_counts(body, limits.max_headers)
+    return body
+
+
+# The compiled reader holds the GIL while it parses a record, headers and all (some 70 ns
+# a header): a record of millions of empty headers, two bytes each, would stop the event
+# loop for as long. Records bodies larger than this are walked first (in Python, which
+# lets the loop run between bytecodes; about 1 us a record) for each record's header
+# count; smaller ones hold too few headers to matter (at most 256k headers, some 20 ms).
+SCAN_HEADERS_ABOVE_BYTES: Final = 512 << 10
+
+
+def _scan_header_counts(body: bytes | memoryview, max_headers: int) -> None:
+    """Raises `LimitExceeded` at the first record declaring more than `max_headers` headers.
+    Stops quietly at anything malformed: the readers refuse it (the reference reader, which
+    lets the loop run, for anything the compiled one cannot read)."""
+    try:
+        _scan(body if isinstance(body, bytes) else bytes(body), max_headers)
+    except IndexError:  # a varint running past the end
+        return
+
+
+def _scan(data: bytes, max_headers: int) -> None:
+    end, pos = len(data), 0
+    varint = _varint_at
+    while pos < end:
+        # Record length, then (after the attributes byte) timestamp delta, offset delta,
+        # key length and key, value length and value, header count: zigzag varints, most
+        # of them one byte (read inline).
+        b = data[pos]
+        if b < 0x80:
+            length, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            length, pos = varint(data, pos)
+        record_end = pos + length
+        if length <= 0 or record_end > end:
+            return
+        at = pos + 1  # the timestamp delta, then the offset delta: skipped
+        while data[at] >= 0x80:
+            at += 1
+        at += 1
+        delta_at = at
+        while data[at] >= 0x80:
+            at += 1
+        at += 1
+        b = data[at]  # key length and key
+        if b < 0x80:
+            at += 1 + max((b >> 1) ^ -(b & 1), 0)
+        else:
+            key_length, at = varint(data, at)
+            at += max(key_length, 0)
+        if at >= end:
+            return
+        b = data[at]  # value length and value
+        if b < 0x80:
+            at += 1 + max((b >> 1) ^ -(b & 1), 0)
+        else:
+            value_length, at = varint(data, at)
+            at += max(value_length, 0)
+        if at >= end:
+            return
+        b = data[at]  # header count
+        if b >= 0x80 or (b >> 1) > max_headers:  # one byte: at most 63 headers
+            headers, _ = varint(data, at)
+            if headers > max_headers:
+                offset_delta, _ = varint(data, delta_at)
+                raise LimitExceeded(
+                    ErrorCode.invalid_record,
+                    f"record at offset delta {offset_delta} has {headers} headers, over the "
+                    f"proxy's max_headers_per_record {max_headers}",
+                )
+        pos = record_end
+
+
+def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
+    """Kafka's zigzag varint at `pos` (at most 10 bytes) and the position after it; past
+    the end of `data`, what was read so far."""
+    value = shift = 0
+    for i in range(pos, min(pos + 10, len(data))):
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (value >> 1) ^ -(value & 1), i + 1
+        shift += 7
+    return (value >> 1) ^ -(value & 1), len(data)
+
+
 def _read_reference(
-    raw: bytes, index: int, names: IdentityHeaders, from_log: bool
+    raw: bytes,
+    index: int,
+    names: IdentityHeaders,
+    from_log: bool,
+    limits: ReadLimits | None,
+    decompressed_size: int = -1,
 ) -> IncomingBatch:
     """kafka-python's pure-Python reader with every check of a produce request: the rules.
     Its codec is over ten times slower than the compiled one, so it reads only what
@@ -321,7 +490,9 @@ def _read_reference(
             ErrorCode.invalid_record,
             f"batch {index}: its {codec_name} payload does not decompress: {_describe(exc)}",
         ) from exc
-    identify = _Identify(names, from_log, attributes, producer_id, producer_epoch, base_sequence)
+    identify = _Identify(
+        names, from_log, attributes, producer_id, producer_epoch, base_sequence, limits
+    )
     base_offset = int(batch.base_offset)
     records: list[IncomingRecord] = []
     position = 0
@@ -335,6 +506,7 @@ def _read_reference(
                     f"expected {position}",
                 )
             record_headers: tuple[tuple[str, bytes | None], ...] = tuple(record.headers)
+            identify.count_headers(len(record_headers), offset_delta)
             identity, chunk = identify(record_headers, offset_delta, record.value)
             records.append(
                 IncomingRecord(
@@ -368,6 +540,7 @@ def _read_reference(
         base_offset=base_offset,
         last_offset_delta=last_offset_delta,
         implicit_identities=identify.implicit_given,
+        decompressed_size=decompressed_size,
     )
 
 
@@ -385,6 +558,8 @@ class _Identify:
         "from_log",
         "implicit",
         "implicit_given",
+        "max_headers",
+        "max_producer",
         "names",
         "producer",
         "sequence",
@@ -399,8 +574,11 @@ class _Identify:
         producer_id: int,
         producer_epoch: int,
         base_sequence: int,
+        limits: ReadLimits | None = None,
     ) -> None:
         self.names = names
+        self.max_headers = sys.maxsize if limits is None else limits.max_headers
+        self.max_producer = sys.maxsize if limits is None else limits.max_producer_bytes
         self.producer, self.sequence = names.producer, names.sequence
         self.from_log = from_log
         self.base_sequence = base_sequence
@@ -412,6 +590,15 @@ class _Identify:
         self.implicit_given = False  # to a record so far
         # The shortcut below tells identity headers from chunk headers by name.
         self.fast = not _CHUNK_NAMES.intersection((self.producer, self.sequence))
+
+    def count_headers(self, count: int, offset_delta: int) -> None:
+        """Raises `LimitExceeded` for a record with more headers than the bound."""
+        if count > self.max_headers:
+            raise LimitExceeded(
+                ErrorCode.invalid_record,
+                f"record at offset delta {offset_delta} has {count} headers, over the "
+                f"proxy's max_headers_per_record {self.max_headers}",
+            )
 
     def __call__(
         self, headers: tuple[tuple[str, bytes | None], ...], offset_delta: int, value: bytes | None
@@ -426,7 +613,12 @@ class _Identify:
         identity: Identity | None = None
         try:
             identity = _identity(
-                headers, offset_delta, self.names, self.implicit, self.base_sequence
+                headers,
+                offset_delta,
+                self.names,
+                self.implicit,
+                self.base_sequence,
+                self.max_producer,
             )
             if identity is not None and not any(name == self.producer for name, _ in headers):
                 self.implicit_given = True
@@ -457,7 +649,7 @@ class _Identify:
             return Identity(self.implicit, implicit_sequence(self.base_sequence, offset_delta))
         if (
             isinstance(producer_raw, bytes)
-            and producer_raw
+            and 0 < len(producer_raw) <= self.max_producer
             and isinstance(sequence_raw, bytes)
             and len(sequence_raw) <= _SHORT_SEQUENCE
             and sequence_raw.isdigit()  # ASCII digits only, as is_sequence_text
@@ -512,15 +704,97 @@ def _decompressed(codec: int, payload: memoryview) -> bytes | memoryview | None:
         return None
 
 
-def _read_compiled(raw: bytes, names: IdentityHeaders, from_log: bool) -> IncomingBatch | None:
-    """The batch read by the compiled codec, or None: the reference reader decides."""
-    fields = _HEADER.unpack_from(raw)
-    base_offset, crc, attributes, last_offset_delta = fields[0], fields[4], fields[5], fields[6]
+def _bounded_decompressed(
+    codec: int, payload: memoryview, limits: ReadLimits
+) -> bytes | memoryview | None:
+    """The records of a batch decompressed as `_decompressed` does (the same bytes), but
+    never more than one byte past `limits.max_decompressed_bytes` (a longer result means:
+    over the bound; `_OverLimit` when that is told without decompressing); None when they
+    do not decompress (the reference reader says why)."""
+    limit = limits.max_decompressed_bytes + 1
+    try:
+        if codec == CODEC_NONE:
+            return payload
+        if codec == CODEC_GZIP:
+            with gzip.GzipFile(fileobj=io.BytesIO(payload), mode="r") as gz:
+                return gz.read(limit)
+        if codec == CODEC_SNAPPY:
+            data = payload.tobytes()
+            if _snappy_size(data) >= limit:
+                raise _OverLimit
+            return bytes(_codec.snappy_decode(data))
+        if codec == CODEC_LZ4:
+            # lz4.frame.decompress, as kafka.codec uses, reads the first frame only.
+            decompressed: bytes = lz4.frame.LZ4FrameDecompressor().decompress(
+                payload.tobytes(), limit
+            )
+            return decompressed
+        reader = zstandard.ZstdDecompressor().stream_reader(
+            io.BytesIO(payload), read_across_frames=True
+        )
+        with reader:
+            parts, size = [], 0
+            while size < limit and (part := reader.read(limit - size)):
+                parts.append(part)
+                size += len(part)
+        return b"".join(parts)
+    except _OverLimit:
+        raise
+    except Exception:
+        return None
+
+
+class _OverLimit(Exception):
+    """Decompressing would go past the bound (told without decompressing)."""
+
+
+def _snappy_size(data: bytes) -> int:
+    """What snappy data (raw, or xerial-framed as Kafka's Java client writes it) says it
+    decompresses to: each raw block starts with its length, which decompression checks."""
+    if not _codec._detect_xerial_stream(data):
+        return _snappy_block_size(data, 0)
+    total, cursor = 0, 16
+    while cursor + 4 <= len(data):
+        block = int.from_bytes(data[cursor : cursor + 4], "big", signed=True)
+        total += _snappy_block_size(data, cursor + 4)
+        cursor += 4 + max(block, 0)
+    return total
+
+
+def _snappy_block_size(data: bytes, start: int) -> int:
+    """A raw snappy block's uncompressed length: a little-endian base-128 varint."""
+    size = shift = 0
+    for i in range(start, min(start + 5, len(data))):
+        size |= (data[i] & 0x7F) << shift
+        if not data[i] & 0x80:
+            return size
+        shift += 7
+    return 0  # malformed: decompression refuses it
+
+
+def _read_compiled(
+    raw: bytes,
+    names: IdentityHeaders,
+    from_log: bool,
+    *,
+    fields: tuple[Any, ...] | None = None,
+    intact: bool | None = None,
+    body: bytes | memoryview | None = None,
+    limits: ReadLimits | None = None,
+) -> IncomingBatch | None:
+    """The batch read by the compiled codec, or None: the reference reader decides. Given
+    by `_read_batch`: `fields`, its header; `intact`, whether its CRC32C matches; `body`,
+    its records decompressed already (within `limits`), else decompressed here."""
+    if fields is None:
+        fields = _HEADER.unpack_from(raw)
+    if intact is None:
+        intact = _crc32c(memoryview(raw)[_ATTRIBUTES_OFFSET:]) == fields[4]
+    base_offset, attributes, last_offset_delta = fields[0], fields[5], fields[6]
     first_timestamp, max_timestamp, producer_id, producer_epoch = fields[7:11]
     base_sequence, count = fields[11], fields[12]
     codec = attributes & _CODEC_MASK
     if (
-        _crc32c(memoryview(raw)[_ATTRIBUTES_OFFSET:]) != crc
+        not intact
         or codec not in CODEC_NAMES
         or attributes & _CONTROL_MASK  # kafka-python reads control records as markers
         or count <= 0
@@ -528,20 +802,27 @@ def _read_compiled(raw: bytes, names: IdentityHeaders, from_log: bool) -> Incomi
         or (not from_log and producer_id >= 0 and base_sequence < 0)
     ):
         return None
-    body = _decompressed(codec, memoryview(raw)[HEADER_SIZE:])
     if body is None:
-        return None
+        if limits is not None:  # decompressed within them, or it failed to
+            return None
+        body = _decompressed(codec, memoryview(raw)[HEADER_SIZE:])
+        if body is None:
+            return None
     header = _HEADER.pack(
         0, 0, -1, 2, 0, attributes & _HEADER_CODEC_FREE, last_offset_delta, 0, 0, *fields[9:]
     )
     size = HEADER_SIZE + len(body)
     buffer = memoryview(b"".join((header, body, _PADDING)))[:size]
     log_append = bool(attributes & _TIMESTAMP_TYPE_MASK)
-    identify = _Identify(names, from_log, attributes, producer_id, producer_epoch, base_sequence)
+    identify = _Identify(
+        names, from_log, attributes, producer_id, producer_epoch, base_sequence, limits
+    )
     try:
         records = _compiled_records(
             buffer, identify, first_timestamp, max_timestamp if log_append else None, len(body)
         )
+    except LimitExceeded:
+        raise
     except Exception:
         return None
     if records is None:
@@ -560,6 +841,7 @@ def _read_compiled(raw: bytes, names: IdentityHeaders, from_log: bool) -> Incomi
         last_offset_delta=last_offset_delta,
         canonical=True,
         implicit_identities=identify.implicit_given,
+        decompressed_size=-1 if limits is None else len(body),
     )
 
 
@@ -587,6 +869,8 @@ def _compiled_records(
         if not -_SAFE_DELTA < delta < _SAFE_DELTA:
             return None
         key, value, header_list = record.key, record.value, record.headers
+        if len(header_list) > identify.max_headers:
+            identify.count_headers(len(header_list), offset_delta)
         shortest += size_of(offset_delta, delta, key, value, header_list)
         headers = tuple(header_list)
         identity, chunk = identify(headers, offset_delta, value)
@@ -603,6 +887,7 @@ def _identity(
     names: IdentityHeaders,
     implicit: str | None,
     base_sequence: int,
+    max_producer: int = sys.maxsize,
 ) -> Identity | None:
     producer_raw: object = _ABSENT
     sequence_raw: object = _ABSENT
@@ -627,7 +912,7 @@ def _identity(
     assert producer_raw is None or isinstance(producer_raw, bytes)
     assert sequence_raw is None or isinstance(sequence_raw, bytes)
     return Identity(
-        _parse_producer(producer_raw, where, names.producer),
+        _parse_producer(producer_raw, where, names.producer, max_producer),
         _parse_sequence(sequence_raw, where, names.sequence),
     )
 
@@ -672,11 +957,17 @@ def _chunk(
     return meta
 
 
-def _parse_producer(raw: bytes | None, where: str, name: str) -> str:
+def _parse_producer(raw: bytes | None, where: str, name: str, max_bytes: int) -> str:
     if raw is None:
         raise BadBatch(ErrorCode.invalid_record, f"{where} has a null {name}")
     if not raw:
         raise BadBatch(ErrorCode.invalid_record, f"{where} has an empty {name}")
+    if len(raw) > max_bytes:
+        raise BadBatch(
+            ErrorCode.invalid_record,
+            f"{where} has a {name} of {len(raw)} bytes, over the proxy's "
+            f"max_producer_name_bytes {max_bytes}: {_show(raw)}",
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import structlog
@@ -53,6 +53,7 @@ from dedup.batches import (
     IdentityHeaders,
     IncomingBatch,
     IncomingRecord,
+    ReadLimits,
     build_batch,
     forwardable,
     read_batches,
@@ -75,10 +76,13 @@ SETTLE_WAIT_S = 30.0  # how long a request waits for the reset after a failed wr
 # How long a request waits, in line, for its partition's recovery before it is told
 # NOT_LEADER_OR_FOLLOWER (retry). Waiting keeps the partition's requests in order.
 FIRST_USE_WAIT_S = 10.0
-# Partition data larger than this is read in a worker thread, so that other connections'
-# requests go on meanwhile (a 100 MB batch takes the reader a second or more); smaller data
-# is read on the event loop, cheaper than the hop to a thread (some 50 µs).
-READ_IN_THREAD_BYTES = 1 << 20
+# Partition data larger than this, or compressed (what it decompresses to is unknown until
+# then), is read in a worker thread, so that other connections' requests go on meanwhile
+# (the GIL is handed over every few milliseconds; 256 KiB of small records take the reader
+# some 5 ms); smaller data is read on the event loop, cheaper than the hop to a thread
+# (some 50 µs).
+READ_IN_THREAD_BYTES = 256 << 10
+_ATTRIBUTES_LOW_BYTE = 22  # of a record batch: its compression codec in the low 3 bits
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +166,12 @@ class DedupEngine:
         first_use_wait_s: float = FIRST_USE_WAIT_S,
         settle_wait_s: float = SETTLE_WAIT_S,
         persisted_linger_s: float = 0.005,
+        limits: ReadLimits | None = None,
+        max_request_decompressed_bytes: int = 128 << 20,
     ) -> None:
         self._state = state
+        self._limits = limits or ReadLimits()
+        self._max_request_decompressed_bytes = max_request_decompressed_bytes
         self._policies = policies
         self._writer = writer
         self._headers = headers
@@ -274,8 +282,10 @@ class DedupEngine:
             try:
                 # Reading may wait for a worker thread: this request's places in line are
                 # taken already (admit), so a request behind it still waits for its turn.
+                budget = self._max_request_decompressed_bytes
                 for item in work:
-                    await self._read(item, parts[item.key])
+                    await self._read(item, parts[item.key], budget)
+                    budget -= sum(max(b.decompressed_size, 0) for b in item.batches)
                 # Check and sequence assignment happen in arrival order per partition: a
                 # request checked later must never reach the log ahead of one that arrived
                 # earlier, or the earlier one's records would read as old duplicates.
@@ -304,13 +314,22 @@ class DedupEngine:
 
     # ------------------------------------------------------------- 2. read
 
-    async def _read(self, item: _Work, data: bytes | None) -> None:
+    async def _read(self, item: _Work, data: bytes | None, budget: int) -> None:
+        """Reads the partition's batch within the limits, and within `budget`: what the
+        request's earlier partitions left of its decompressed bytes."""
         data = data or b""
+        limits = self._limits
+        if budget < limits.max_decompressed_bytes:
+            limits = replace(limits, max_decompressed_bytes=max(budget, 0))
         try:
-            if len(data) > READ_IN_THREAD_BYTES:
-                item.batches = await asyncio.to_thread(read_batches, data, self._headers)
+            if len(data) > READ_IN_THREAD_BYTES or (
+                len(data) > _ATTRIBUTES_LOW_BYTE and data[_ATTRIBUTES_LOW_BYTE] & 0x07
+            ):
+                item.batches = await asyncio.to_thread(
+                    read_batches, data, self._headers, limits=limits
+                )
             else:
-                item.batches = read_batches(data, self._headers)
+                item.batches = read_batches(data, self._headers, limits=limits)
         except BadBatch as bad:
             metrics.BAD_INPUT.labels(ErrorCode(bad.error_code).name).inc()
             log.warning(

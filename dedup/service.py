@@ -13,7 +13,7 @@ import redis.asyncio
 import structlog
 from confluent_kafka.admin import AdminClient
 
-from dedup.batches import IdentityHeaders
+from dedup.batches import IdentityHeaders, ReadLimits
 from dedup.engine import DedupEngine
 from dedup.fencing import Fencer
 from dedup.links import UpstreamLinks
@@ -145,6 +145,13 @@ class DedupService:
             SystemClock(),
             self.ownership,
             persisted_linger_s=settings.persisted_linger_s,
+            limits=ReadLimits(
+                max_records=settings.max_batch_records,
+                max_decompressed_bytes=settings.max_batch_decompressed_bytes,
+                max_headers=settings.max_headers_per_record,
+                max_producer_bytes=settings.max_producer_name_bytes,
+            ),
+            max_request_decompressed_bytes=settings.max_request_decompressed_bytes,
         )
         self.snapshotter = Snapshotter(
             self.engine,

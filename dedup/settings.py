@@ -48,6 +48,32 @@ class DedupSettings(BaseSettings):
         description="how long acknowledged sequences wait to share one Redis write with the "
         "acks that follow (a re-send meanwhile is answered 'retry', never taken as new)",
     )
+    max_batch_records: int = Field(
+        default=50_000,
+        gt=0,
+        description="records in one partition batch of a Produce request (more: "
+        "MESSAGE_TOO_LARGE, which Kafka's Java producer answers by splitting the batch)",
+    )
+    max_batch_decompressed_bytes: int = Field(
+        default=32 << 20,
+        gt=0,
+        description="what one partition batch may decompress to (more: MESSAGE_TOO_LARGE; "
+        "decompression stops there)",
+    )
+    max_request_decompressed_bytes: int = Field(
+        default=128 << 20,
+        gt=0,
+        description="what all the partition batches of one Produce request may decompress to",
+    )
+    max_headers_per_record: int = Field(
+        default=1_000, gt=0, description="headers of one record (more: INVALID_RECORD)"
+    )
+    max_producer_name_bytes: int = Field(
+        default=256,
+        gt=0,
+        description="bytes of a dedup.producer name (longer: INVALID_RECORD); every name is "
+        "kept in Redis and in snapshots",
+    )
     max_producers_per_partition: int = Field(default=10_000, gt=0)
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
     instance_id: str | None = Field(

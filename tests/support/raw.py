@@ -6,12 +6,16 @@ from __future__ import annotations
 import datetime
 import io
 import socket
+import struct
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kio.schema.produce.v9.request as produce_v9
 import kio.schema.produce.v9.response as produce_v9_response
+import zstandard
+from crc32c import crc32c
+from kafka.record.util import encode_varint
 from kio.records.schema import NewRecordBatch, Record, RecordHeader
 from kio.records.writers import write_new_batch
 from kio.schema.types import TopicName
@@ -53,6 +57,43 @@ def record_batch(records: Sequence[tuple[bytes, Headers]]) -> bytes:
         ),
     )
     return batch.getvalue()
+
+
+def bomb_batch(records: int = 1, value_size: int = 0, headers_per_record: int = 2) -> bytes:
+    """A zstd batch that is small on the wire and huge once read: `records` records of a
+    `value_size` value of zero bytes and `headers_per_record` headers, the first two the
+    identity (producer ``bomb``, sequence = offset), the rest empty. Compressed as a stream,
+    so building it never holds what it decompresses to."""
+    compressor = zstandard.ZstdCompressor().compressobj()
+    out = [b""]
+    chunk = bytes(1 << 20)
+    for offset in range(records):
+        identity = [(b"dedup.producer", b"bomb"), (b"dedup.sequence", str(offset).encode())]
+        headers = b"".join(
+            _varint(len(k)) + k + _varint(len(v)) + v for k, v in identity[:headers_per_record]
+        ) + (_varint(0) + _varint(-1)) * max(headers_per_record - 2, 0)
+        head = b"\x00" + _varint(0) + _varint(offset) + _varint(-1) + _varint(value_size)
+        tail = _varint(headers_per_record) + headers
+        out.append(compressor.compress(_varint(len(head) + value_size + len(tail)) + head))
+        left = value_size
+        while left:
+            out.append(compressor.compress(chunk[: min(left, len(chunk))]))
+            left -= min(left, len(chunk))
+        out.append(compressor.compress(tail))
+    body = b"".join(out) + compressor.flush()
+    now = int(time.time() * 1000)
+    # attributes (zstd: 4), last offset delta, first and max timestamp, producer id, epoch,
+    # base sequence, record count: what the CRC32C covers, with the records.
+    covered = struct.pack(">hiqqqhii", 4, records - 1, now, now, -1, -1, -1, records) + body
+    prefix = struct.pack(">qiibI", 0, 4 + 1 + 4 + len(covered), -1, 2, crc32c(covered))
+    return prefix + covered
+
+
+def _varint(value: int) -> bytes:
+    """Kafka's zigzag varint."""
+    out = bytearray()
+    encode_varint(value, out.append)
+    return bytes(out)
 
 
 def identity_batch(identities: Sequence[tuple[bytes, bytes]], value_size: int = 0) -> bytes:

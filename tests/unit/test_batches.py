@@ -3,6 +3,7 @@ codes for bad input, and fuzzing (only BadBatch, whatever the bytes)."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -29,12 +30,15 @@ from dedup.batches import (
     IdentityHeaders,
     IncomingBatch,
     IncomingRecord,
+    LimitExceeded,
+    ReadLimits,
     build_batch,
     forwardable,
     read_batches,
     restamp_batch,
 )
 from dedup.chunks import CHUNK_HEADERS
+from tests.support.raw import bomb_batch
 
 pytestmark = pytest.mark.unit
 
@@ -53,6 +57,9 @@ F_LENGTH, F_MAGIC, F_ATTRIBUTES, F_LAST_DELTA, F_PID, F_EPOCH, F_BASE_SEQ, F_COU
     11,
     12,
 )
+
+# Bounds small enough for the fuzzers' batches to meet them.
+TIGHT = ReadLimits(max_records=3, max_decompressed_bytes=200, max_headers=2, max_producer_bytes=4)
 
 CASES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -603,9 +610,9 @@ def test_build_refuses_programming_errors() -> None:
 
 
 def _only_bad_batch(data: bytes) -> None:
-    for from_log in (False, True):
+    for kwargs in ({"from_log": False}, {"from_log": True}, {"limits": TIGHT}):
         try:
-            read_batches(data, from_log=from_log)
+            read_batches(data, **kwargs)  # type: ignore[arg-type]
         except BadBatch as error:
             assert isinstance(error.error_code, ErrorCode)
             assert error.message
@@ -692,6 +699,13 @@ def assert_read_alike(data: bytes, **kwargs: Any) -> None:
     assert outcome(data, **kwargs) == reference(data, **kwargs)
 
 
+def without_sizes(
+    read: list[IncomingBatch] | tuple[ErrorCode, str],
+) -> list[IncomingBatch] | tuple[ErrorCode, str]:
+    """What was read, without the decompressed sizes measured within limits."""
+    return [replace(b, decompressed_size=-1) for b in read] if isinstance(read, list) else read
+
+
 def client_batch(
     items: Sequence[Spec],
     codec: int,
@@ -747,6 +761,9 @@ def test_compiled_reader_reads_valid_batches_as_the_reference(
     data = client_batch(items, codec, client, transactional=transactional, log_append=log_append)
     expected = reference(data, headers=names, from_log=from_log)
     assert outcome(data, headers=names, from_log=from_log) == expected
+    if not from_log:  # within limits it allows, a batch reads the same with them
+        assert_read_alike(data, headers=names, limits=ReadLimits())
+        assert without_sizes(outcome(data, headers=names, limits=ReadLimits())) == expected
     if isinstance(expected, list):  # read, not refused: by the compiled codec, no fallback
         assert batches._read_compiled(data, names, from_log) is not None
         # Found while reading: whether a rebuild would add identity headers to a record.
@@ -786,6 +803,7 @@ def test_compiled_reader_fuzz_mutated_batches_read_as_the_reference(
     if cut is not None:
         data = data[: cut % (len(data) + 1)]
     assert_read_alike(bytes(data), from_log=from_log)
+    assert_read_alike(bytes(data), limits=TIGHT)
 
 
 @settings(max_examples=150, deadline=None)
@@ -1050,3 +1068,130 @@ def test_identity_shortcut_agrees_with_the_rules(
             return error.error_code, error.message
 
     assert identify(True) == identify(False)
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+def _bomb(codec: int, size: int) -> bytes:
+    """One record whose value, `size` bytes of one letter, compresses to almost nothing."""
+    return raw_batch([(0, None, b"a" * size, explicit(b"p", b"1"))], compression=codec)
+
+
+@pytest.mark.parametrize(
+    "codec", [c for c in CODECS if c], ids=[CODEC_NAMES[c] for c in CODECS if c]
+)
+def test_a_decompression_bomb_is_refused_without_being_decompressed(codec: int) -> None:
+    """Sixteen times the bound, in less than the bound: MESSAGE_TOO_LARGE, and the memory the
+    read took stays within a few times the bound (decompressing it all would take 16)."""
+    import tracemalloc
+
+    bound = 1 << 20
+    data = _bomb(codec, 16 * bound)
+    assert len(data) < bound  # the batch itself is within it
+    tracemalloc.start()
+    try:
+        with pytest.raises(LimitExceeded) as refused:
+            read_batches(data, limits=ReadLimits(max_decompressed_bytes=bound))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert refused.value.error_code == ErrorCode.message_too_large
+    assert f"more than {bound} bytes" in refused.value.message
+    assert peak < 4 * bound, f"the read took {peak} bytes"
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+def test_a_batch_right_at_the_bound_is_read_as_without_one(codec: int) -> None:
+    data = _bomb(codec, 4096)
+    (unbounded,) = read_batches(data)
+    size = len(batches._decompressed(codec, memoryview(data)[HEADER_SIZE:]) or b"")
+    (bounded,) = read_batches(data, limits=ReadLimits(max_decompressed_bytes=size))
+    assert bounded.decompressed_size == size
+    assert replace(bounded, decompressed_size=-1) == unbounded
+    with pytest.raises(LimitExceeded):
+        read_batches(data, limits=ReadLimits(max_decompressed_bytes=size - 1))
+
+
+def test_a_batch_with_more_records_than_the_bound_is_too_large() -> None:
+    records = [(i, None, b"v", explicit(b"p", str(i).encode())) for i in range(11)]
+    data = raw_batch(records)
+    assert len(read_batches(data, limits=ReadLimits(max_records=11))[0].records) == 11
+    refused = error_of(data, limits=ReadLimits(max_records=10))
+    assert refused.error_code == ErrorCode.message_too_large
+    assert "11 records, over the proxy's max_batch_records 10" in refused.message
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@pytest.mark.parametrize("by", ["compiled", "reference"])
+def test_a_record_with_too_many_headers_is_refused(codec: int, by: str) -> None:
+    extra = [(f"h{i}", b"") for i in range(9)]
+    data = raw_batch(
+        [
+            (0, None, b"ok", [*explicit(b"p", b"0"), *extra[:8]]),  # 10 headers
+            (1, None, b"bomb", [*explicit(b"p", b"1"), *extra]),  # 11
+        ],
+        compression=codec,
+    )
+    limits = ReadLimits(max_headers=10)
+    with (
+        mock.patch.object(batches, "_read_compiled", return_value=None)
+        if by == "reference"
+        else contextlib.nullcontext()
+    ):
+        refused = error_of(data, limits=limits)
+    assert isinstance(refused, LimitExceeded)
+    assert refused.error_code == ErrorCode.invalid_record
+    assert "offset delta 1 has 11 headers, over the proxy's max_headers_per_record 10" in (
+        refused.message
+    )
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_producer_name_over_the_bound_is_refused_and_the_log_keeps_it(fast: bool) -> None:
+    """Both ways of reading a name (the shortcut for short sequences, and the rules); the
+    log, read without bounds, keeps a long name that an earlier bound let in."""
+    sequence = b"7" if fast else b"+7"
+    long_name = b"n" * 9
+    data = raw_batch([(0, None, b"v", explicit(long_name, sequence))])
+    ok = read_batches(data, limits=ReadLimits(max_producer_bytes=9))
+    assert ok[0].records[0].identity == Identity("n" * 9, 7)
+    refused = error_of(data, limits=ReadLimits(max_producer_bytes=8))
+    assert refused.error_code == ErrorCode.invalid_record
+    assert "dedup.producer of 9 bytes, over the proxy's max_producer_name_bytes 8" in (
+        refused.message
+    )
+    assert read_batches(data, from_log=True)[0].records[0].identity == Identity("n" * 9, 7)
+
+
+def test_a_header_bomb_is_found_before_the_compiled_reader_parses_it() -> None:
+    """The compiled reader holds the GIL for a whole record: a record of more headers than
+    a small body can hold is found by the walk first (the compiled reader never sees it)."""
+    data = bomb_batch(headers_per_record=400_000)  # 800 KB of headers in a few hundred bytes
+    with mock.patch.object(batches, "_CompiledBatch", side_effect=AssertionError("parsed")):
+        refused = error_of(data, limits=ReadLimits())
+    assert isinstance(refused, LimitExceeded)
+    assert "offset delta 0 has 400000 headers" in refused.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.integers(0, 70))
+def test_fuzz_the_header_count_walk_raises_only_limit_exceeded(data: bytes, bound: int) -> None:
+    try:
+        batches._scan_header_counts(data, bound)
+    except LimitExceeded as refused:
+        assert refused.error_code == ErrorCode.invalid_record
+
+
+@CASES
+@given(items=st.lists(specs, min_size=1, max_size=10), codec=st.sampled_from(CODECS))
+def test_the_header_count_walk_passes_every_valid_batch(items: list[Spec], codec: int) -> None:
+    data = client_batch(items, codec, Producer(-1, -1, -1))
+    written_as = data[ATTRIBUTES_OFFSET + 1] & 0x07  # the builder may not compress
+    body = batches._decompressed(written_as, memoryview(data)[HEADER_SIZE:])
+    assert body is not None
+    most = max(len(item.wire_headers()) for item in items)
+    batches._scan_header_counts(body, most)  # never raises at the batch's own most
+    if most:
+        with pytest.raises(LimitExceeded):
+            batches._scan_header_counts(body, most - 1)

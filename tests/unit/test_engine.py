@@ -40,6 +40,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dedup.batches import (
     HEADER_PRODUCER,
     HEADER_SEQUENCE,
+    HEADER_SIZE,
     Identity,
     IdentityHeaders,
     IncomingBatch,
@@ -79,7 +80,7 @@ def records(producer: str, sequences: Sequence[int]) -> bytes:
     return mixed([(producer, s) for s in sequences])
 
 
-def mixed(parts: Sequence[tuple[str, int]]) -> bytes:
+def mixed(parts: Sequence[tuple[str, int]], compression: int = 0) -> bytes:
     """One batch whose records name these (producer, sequence) pairs, in this order."""
     batch = [
         IncomingRecord(
@@ -94,7 +95,7 @@ def mixed(parts: Sequence[tuple[str, int]]) -> bytes:
     ]
     return build_batch(
         batch,
-        compression=0,
+        compression=compression,
         timestamp_type=0,
         producer_id=-1,
         producer_epoch=-1,
@@ -464,6 +465,7 @@ async def running(
     first_use_wait_s: float = 2.0,
     retry_s: tuple[float, float] = (0.01, 0.05),
     policies: PolicySnapshot | None = None,
+    max_request_decompressed_bytes: int = 128 << 20,
 ) -> AsyncIterator[Rig]:
     state, writer = FakeState(), FakeWriter()
     recovery = FakeRecovery(state, writer)
@@ -479,6 +481,7 @@ async def running(
         owners,
         first_use_wait_s=first_use_wait_s,
         settle_wait_s=2.0,
+        max_request_decompressed_bytes=max_request_decompressed_bytes,
     )
     try:
         yield Rig(state, writer, recovery, scheduler, engine, owners)
@@ -548,15 +551,16 @@ async def test_a_batch_with_duplicates_or_implicit_identities_is_rebuilt() -> No
 
 
 async def test_large_partition_data_is_read_off_the_event_loop() -> None:
-    """While a large batch is read, the loop runs other work; a small one is read inline
-    (a thread hop costs more than it saves)."""
+    """While a large batch is read, the loop runs other work, and while a compressed one is
+    (what it decompresses to is unknown); a small one is read inline (a thread hop costs
+    more than it saves)."""
     loop_thread = threading.get_ident()
     ticks = 0
     seen: list[tuple[int, bool]] = []  # per read: its size, and whether the loop ran during it
 
-    def reading(data: bytes, headers: IdentityHeaders) -> list[IncomingBatch]:
+    def reading(data: bytes, headers: IdentityHeaders, **kwargs: Any) -> list[IncomingBatch]:
         start = ticks
-        batches = read_batches(data, headers)
+        batches = read_batches(data, headers, **kwargs)
         if threading.get_ident() != loop_thread:  # wait for a tick: it comes if the loop runs
             deadline = time.monotonic() + 5
             while ticks == start and time.monotonic() < deadline:
@@ -573,6 +577,7 @@ async def test_large_partition_data_is_read_off_the_event_loop() -> None:
     large = records("p", range(READ_IN_THREAD_BYTES // 40))
     assert len(large) > READ_IN_THREAD_BYTES
     small = records("p", [10**6])
+    compressed = mixed([("p", 10**6 + 1)], compression=1)
     ticker = asyncio.create_task(ticking())
     try:
         with mock.patch("dedup.engine.read_batches", reading):
@@ -580,9 +585,23 @@ async def test_large_partition_data_is_read_off_the_event_loop() -> None:
                 answers = await rig.send((P0, large))
                 assert ok(answers[P0])
                 assert ok((await rig.send((P0, small)))[P0])
+                assert ok((await rig.send((P0, compressed)))[P0])
     finally:
         ticker.cancel()
-    assert seen == [(len(large), True), (len(small), False)]
+    assert seen == [(len(large), True), (len(small), False), (len(compressed), True)]
+
+
+async def test_a_request_decompressing_past_its_bound_refuses_the_partitions_past_it() -> None:
+    one = records("p", range(50))
+    size = len(one) - HEADER_SIZE  # uncompressed: its records are what it decompresses to
+    async with running(max_request_decompressed_bytes=size * 3 // 2) as rig:
+        answers = await rig.send((P0, one), (P1, records("q", range(50))))
+        assert ok(answers[P0])
+        assert answers[P1].error_code == ErrorCode.message_too_large
+        assert "max_request_decompressed_bytes" in (answers[P1].error_message or "")
+        assert P1 not in rig.writer.log, "nothing of the refused partition was written"
+        again = await rig.send((P1, records("q", range(50))))  # a request of its own fits
+        assert ok(again[P1])
 
 
 async def test_reads_in_threads_keep_the_order_of_the_partition_line() -> None:

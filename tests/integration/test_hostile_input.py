@@ -1,0 +1,120 @@
+"""Input built to hurt, through a real dedup proxy: each bomb is refused with Kafka's error
+for it, quickly, and a producer on another connection is answered meanwhile as usual.
+
+The bombs (`tests.support.raw.bomb_batch`): a few kilobytes of zstd that decompress to
+512 MiB; one record with 500,000 headers in 209 bytes; 200,000 records in one batch. The
+times measured are printed (``pytest -s``) and asserted only against generous ceilings:
+the figures are the benchmarks' (`benchmarks/stall.py`), not the tests'.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from deploy.launcher import ProxyProcess
+from deploy.local import EnvInfo
+from proxy.kafka.upstream_client import encode_request
+from tests.support.kafka_io import values
+from tests.support.raw import (
+    bomb_batch,
+    explicit_batch,
+    produce_raw,
+    produce_request,
+    read_response,
+)
+from tests.support.topics import new_topic
+
+pytestmark = pytest.mark.integration
+
+MESSAGE_TOO_LARGE = 10
+INVALID_RECORD = 87
+
+BOMBS: dict[str, tuple[Callable[[], bytes], int]] = {
+    "zstd-512MiB-value": (lambda: bomb_batch(value_size=512 << 20), MESSAGE_TOO_LARGE),
+    "500k-headers": (lambda: bomb_batch(headers_per_record=500_000), INVALID_RECORD),
+    "200k-records": (lambda: bomb_batch(records=200_000), MESSAGE_TOO_LARGE),
+}
+
+
+class Bystander:
+    """A producer on a connection of its own: one small Produce request at a time, each
+    answer awaited, every request's (sent, answered) time kept."""
+
+    def __init__(self, proxy: ProxyProcess, topic: str) -> None:
+        self._port = proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+        self._topic = topic
+        self._stop = threading.Event()
+        self.times: list[tuple[float, float]] = []
+        self.errors: list[int] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Bystander:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the bystander is stuck"
+
+    def _run(self) -> None:
+        with socket.create_connection(("127.0.0.1", self._port), timeout=30) as sock:
+            sequence = 0
+            while not self._stop.is_set():
+                batch = explicit_batch([("bystander", sequence)])
+                request = produce_request(self._topic, {0: batch})
+                sent = time.monotonic()
+                sock.sendall(encode_request(request, sequence + 1))
+                read_response(sock)
+                self.times.append((sent, time.monotonic()))
+                sequence += 1
+                time.sleep(0.005)
+
+    def longest_wait(self, start: float, end: float) -> float:
+        """The longest answer time of the requests in flight at any moment from 50 ms
+        before `start` to 50 ms after `end` (a bomb refused at once may fall between two)."""
+        overlapping = [b - a for a, b in self.times if b >= start - 0.05 and a <= end + 0.05]
+        assert overlapping, "no bystander request near the bomb"
+        return max(overlapping)
+
+
+@pytest.mark.parametrize("bomb", BOMBS)
+def test_a_bomb_is_refused_quickly_and_other_connections_go_on(
+    bomb: str, dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    build, code = BOMBS[bomb]
+    topic = new_topic(local_env.bootstrap)
+    # First use: the partition recovered before anything is measured.
+    first = produce_raw(dedup_proxy, produce_request(topic, {0: explicit_batch([("x", 0)])}))
+    assert first.error_code == 0, first
+    data = build()
+    bystander = Bystander(dedup_proxy, topic).start()
+    try:
+        while len(bystander.times) < 20:
+            time.sleep(0.01)
+        started = time.monotonic()
+        answer = produce_raw(dedup_proxy, produce_request(topic, {0: data}))
+        took = time.monotonic() - started
+        after = len(bystander.times)
+        while len(bystander.times) < after + 20:
+            time.sleep(0.01)
+    finally:
+        bystander.stop()
+    waited = bystander.longest_wait(started, started + took)
+    print(
+        f"\n{bomb}: {len(data):,} bytes refused in {took * 1000:.1f} ms "
+        f"(error {answer.error_code}); the bystander's longest wait meanwhile "
+        f"{waited * 1000:.1f} ms"
+    )
+    assert answer.error_code == code, answer
+    assert took < 5, f"the bomb took {took:.1f} s to refuse"
+    assert waited < 2, f"another connection waited {waited:.1f} s"
+    # Nothing of the bomb reached the log: the first record, then the bystander's.
+    landed = values(local_env.bootstrap, topic)
+    assert landed[0] == b"v0" and all(v.startswith(b"v") for v in landed)
+    assert len(landed) == 1 + len(bystander.times)
