@@ -69,11 +69,6 @@ class ClientClosedByFilter(Exception):
     """A request filter decided to close the client connection."""
 
 
-def _log_unanswered_failure(answer: asyncio.Future[ResponsePayload]) -> None:
-    if not answer.cancelled() and answer.exception() is not None:
-        log.error("a request answered by the proxy failed", error=repr(answer.exception()))
-
-
 @dataclass(slots=True)
 class _Pending:
     header: RequestHeader
@@ -191,24 +186,30 @@ class ClientConnection:
             api.requests.inc()
             api.bytes_in.inc(len(payload) + 4)
             expects_answer = expects_response(header, payload)
-            if chain.filters_request(header.api_key):
+            filtered = chain.filters_request(header.api_key)
+            # A slot before any work on the request: one the proxy handles itself without an
+            # answer (acks=0 through dedup) keeps it until that work is done, so a flood of
+            # them waits in the socket, not in memory.
+            if expects_answer or filtered:
+                await self._in_flight.acquire()
+            if filtered:
                 frame = RequestFrame(header, payload)
                 decision = await chain.on_request(frame, self._context)
                 if isinstance(decision, Close):
                     raise ClientClosedByFilter(decision.reason)
                 if not isinstance(decision, Forward):  # the filter answers the client itself
                     if expects_answer:
-                        await self._in_flight.acquire()
                         self._answers.put_nowait(_Pending(header, None, decision.answer))
                     else:
-                        decision.answer.add_done_callback(_log_unanswered_failure)
+                        decision.answer.add_done_callback(self._unanswered_done)
                     continue
                 payload = chain.encode_request(frame, decision)
             if expects_answer:
-                await self._in_flight.acquire()
                 pending = _Pending(header, asyncio.get_running_loop().create_future())
                 self._awaiting_upstream.append(pending)
                 self._answers.put_nowait(pending)
+            elif filtered:  # forwarded without an answer: Kafka's to handle
+                self._in_flight.release()
             # One call, one send: two writes cost two system calls per frame.
             upstream.writelines((len(payload).to_bytes(4, "big"), payload))
             await upstream.drain()
@@ -252,6 +253,12 @@ class ClientConnection:
             api.seconds.observe(time.perf_counter() - pending.started)
             self._in_flight.release()
             await client.drain()
+
+    def _unanswered_done(self, answer: asyncio.Future[ResponsePayload]) -> None:
+        """A request the client expects no answer to (acks=0) is done: its slot is free."""
+        self._in_flight.release()
+        if not answer.cancelled() and answer.exception() is not None:
+            log.error("a request answered by the proxy failed", error=repr(answer.exception()))
 
     def _fail_waiting(self, error: Exception) -> None:
         for pending in self._awaiting_upstream:

@@ -24,6 +24,11 @@ CONNECTIONS_ACTIVE = Gauge(
 CONNECTIONS = Counter(
     "dedup_proxy_connections_total", "Client connections accepted, by listener", ["listener"]
 )
+CONNECTIONS_REFUSED = Counter(
+    "dedup_proxy_connections_refused_total",
+    "Client connections closed at once: the listener had max_connections_per_listener open",
+    ["listener"],
+)
 CLIENT_ERRORS = Counter(
     "dedup_proxy_client_errors_total",
     "Client connections closed for bad input, by reason",

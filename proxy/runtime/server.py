@@ -9,6 +9,7 @@ cluster loses its listener at the next full broker list.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
@@ -66,6 +67,8 @@ class ProxyServer:
         self._bootstrap_server: asyncio.Server | None = None
         self._broker_servers: dict[int, asyncio.Server] = {}
         self._connections: dict[ClientConnection, asyncio.Task[None]] = {}
+        self._max_connections = settings.max_connections_per_listener
+        self._open_per_listener: collections.Counter[str] = collections.Counter()
         self._refresh_task: asyncio.Task[None] | None = None
         self._bootstrap_rotation = itertools.count()
 
@@ -183,6 +186,16 @@ class ProxyServer:
         self, listener: str, resolve: UpstreamResolver
     ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if self._open_per_listener[listener] >= self._max_connections:
+                metrics.CONNECTIONS_REFUSED.labels(listener).inc()
+                log.warning(
+                    "closing a new connection: the listener has max_connections_per_listener open",
+                    listener=listener,
+                    limit=self._max_connections,
+                )
+                writer.transport.abort()
+                return
+            self._open_per_listener[listener] += 1
             connection = ClientConnection(
                 reader,
                 writer,
@@ -199,5 +212,6 @@ class ProxyServer:
                 await connection.serve()
             finally:
                 self._connections.pop(connection, None)
+                self._open_per_listener[listener] -= 1
 
         return accept

@@ -67,7 +67,17 @@ class ProxySettings(BaseSettings):
         "its port (set by `serve --workers` for its workers)",
     )
     max_frame_bytes: int = Field(default=KAFKA_DEFAULT_MAX_REQUEST_BYTES, gt=0)
-    max_in_flight_per_connection: int = Field(default=64, gt=0)
+    max_in_flight_per_connection: int = Field(
+        default=64,
+        gt=0,
+        description="requests of one connection being handled (acks=0 ones included); the "
+        "connection is not read meanwhile",
+    )
+    max_connections_per_listener: int = Field(
+        default=10_000,
+        gt=0,
+        description="open client connections per listener; one more is closed at once",
+    )
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
     metadata_refresh_s: float = Field(default=30.0, gt=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)

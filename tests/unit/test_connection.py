@@ -16,6 +16,7 @@ from kio.static.protocol import ResponsePayload
 
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.topology import Endpoint, Topology
+from proxy.kafka.upstream_client import encode_request
 from proxy.runtime.chain import (
     Close,
     FilterChain,
@@ -27,6 +28,7 @@ from proxy.runtime.chain import (
     encode_response,
 )
 from proxy.runtime.connection import ClientConnection, ConnectionSettings
+from tests.support.raw import explicit_batch, produce_request
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +71,7 @@ class Upstream:
 
 @asynccontextmanager
 async def proxied(
-    chain: FilterChain, upstream: Upstream
+    chain: FilterChain, upstream: Upstream, settings: ConnectionSettings = SETTINGS
 ) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
     broker = await asyncio.start_server(upstream.handle, "127.0.0.1", 0)
     broker_port = broker.sockets[0].getsockname()[1]
@@ -79,7 +81,7 @@ async def proxied(
         return [Endpoint("127.0.0.1", broker_port)]
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await ClientConnection(reader, writer, "test", resolve, chain, topology, SETTINGS).serve()
+        await ClientConnection(reader, writer, "test", resolve, chain, topology, settings).serve()
 
     proxy = await asyncio.start_server(accept, "127.0.0.1", 0)
     client = await asyncio.open_connection("127.0.0.1", proxy.sockets[0].getsockname()[1])
@@ -166,3 +168,33 @@ async def test_a_close_decision_closes_the_client_and_forwards_nothing() -> None
         writer.write(framed(metadata_request(1)) + framed(metadata_request(2)))
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing answered
     assert upstream.received == []
+
+
+async def test_requests_without_an_answer_take_a_slot_until_their_work_is_done() -> None:
+    """acks=0 Produce requests the proxy handles itself get no answer, but each holds one of
+    the connection's in-flight slots until its work is done: a flood of them waits in the
+    socket, not in memory."""
+    loop = asyncio.get_running_loop()
+    works = [loop.create_future() for _ in range(4)]
+    started: list[int] = []
+
+    class Producing:
+        request_keys = frozenset({ApiKey.PRODUCE})
+
+        async def on_request(self, frame: RequestFrame, ctx: FilterContext) -> RequestDecision:
+            started.append(frame.header.correlation_id)
+            return Respond(works[len(started) - 1])
+
+    settings = ConnectionSettings(max_frame_bytes=1 << 20, max_in_flight=2, connect_timeout_s=5)
+    request = produce_request("t", {0: explicit_batch([("p", 0)])}, acks=0)
+    async with proxied(FilterChain([Producing()]), Upstream(), settings) as (_, writer):
+        writer.write(b"".join(encode_request(request, n) for n in (1, 2, 3, 4)))
+        await asyncio.sleep(0.2)
+        assert started == [1, 2], "two slots: the third request is not read yet"
+        works[0].set_result(local_answer())
+        await asyncio.sleep(0.2)
+        assert started == [1, 2, 3]
+        works[1].set_result(local_answer())
+        works[2].set_exception(RuntimeError("failed work frees its slot too"))
+        await asyncio.sleep(0.2)
+        assert started == [1, 2, 3, 4]
