@@ -275,14 +275,27 @@ for _, p in ipairs(producers) do
     redis.call('ZADD', seen_key, 'GT', now, p) -- GT: a proxy with a slow clock never moves it back
 end
 
--- Over max_producers: evict the least recently seen producers, never one of this batch.
+-- Over max_producers: evict the least recently seen producers, never one of this batch and
+-- never one with a write in flight (pushed beyond persisted): its retry would read as new
+-- and be written twice. Those are stepped over (up to EVICTION_SCAN of them); if too few
+-- others are left, the table stays over its bound until their writes are acknowledged.
+local EVICTION_SCAN = 1024
+local function in_flight(p)
+    return redis.call('HGET', pushed_key, p) ~= redis.call('HGET', persisted_key, p)
+        or redis.call('HGET', pushed_chunk_key, p) ~= redis.call('HGET', persisted_chunk_key, p)
+end
 local excess = redis.call('ZCARD', seen_key) - max_producers
-if excess > 0 then
-    for _, p in ipairs(redis.call('ZRANGE', seen_key, 0, excess + #producers - 1)) do
+local kept = 0 -- ranks 0 .. kept-1 hold producers stepped over; the evicted are gone
+while excess > 0 and kept <= EVICTION_SCAN do
+    local page = redis.call('ZRANGE', seen_key, kept, kept + excess + #producers + 15)
+    if #page == 0 then
+        break
+    end
+    for _, p in ipairs(page) do
         if excess == 0 then
             break
         end
-        if before[p] == nil then
+        if before[p] == nil and not in_flight(p) then
             redis.call('HDEL', pushed_key, p)
             redis.call('HDEL', persisted_key, p)
             redis.call('HDEL', pushed_chunk_key, p)
@@ -290,6 +303,8 @@ if excess > 0 then
             redis.call('ZREM', seen_key, p)
             result[#result + 1] = p
             excess = excess - 1
+        else
+            kept = kept + 1
         end
     end
 end

@@ -271,6 +271,7 @@ async def test_eviction_at_max_producers_drops_the_least_recently_seen(
     await persist(state, {"b": 0}, now_ms=2)
     # Touching b makes c the least recently seen, even by a DUP-only batch.
     assert (await check(state, [("b", 0)], now_ms=5)).statuses == (DUP,)
+    await persist(state, {"c": 0, "d": 0}, now_ms=3)  # acknowledged: nothing in flight
     verdict = await check(state, [("e", 0), ("f", 0)], now_ms=6)
     assert verdict.evicted == ("c", "d")
     producers = await state.producers("orders", 0)
@@ -284,15 +285,34 @@ async def test_eviction_at_max_producers_drops_the_least_recently_seen(
     assert await state.producers("orders", 0) == producers
 
 
+async def test_eviction_steps_over_a_producer_with_a_write_in_flight(
+    client: redis.asyncio.Redis,
+) -> None:
+    """Evicted with a write in flight, a producer's retry would read as new and be written
+    twice: an idle producer whose writes are all acknowledged goes instead, or, if none is
+    left, nobody (the table stays over its bound until the acknowledgements come)."""
+    state = DedupState(client, key_prefix=fresh_prefix(), max_producers=2)
+    await check(state, [("busy", 0)], now_ms=1)  # pushed, not yet acknowledged
+    await check(state, [("idle", 0)], now_ms=2)
+    await persist(state, {"idle": 0}, now_ms=2)
+    assert (await check(state, [("new", 0)], now_ms=3)).evicted == ("idle",)
+    assert (await check(state, [("busy", 0)], now_ms=4)).statuses == (UNKNOWN,), "not new"
+    assert (await check(state, [("newer", 0)], now_ms=5)).evicted == ()
+    assert sorted(await state.producers("orders", 0)) == ["busy", "new", "newer"]
+    await persist(state, {"busy": 0, "new": 0}, now_ms=5)
+    assert (await check(state, [("newest", 0)], now_ms=6)).evicted == ("busy", "new")
+
+
 async def test_eviction_never_takes_a_producer_of_the_batch(client: redis.asyncio.Redis) -> None:
     state = DedupState(client, key_prefix=fresh_prefix(), max_producers=2)
     await check(state, [("a", 0)], now_ms=100)
     await check(state, [("b", 0)], now_ms=200)
+    await persist(state, {"a": 0, "b": 0}, now_ms=1)  # acknowledged: nothing in flight
     # This proxy's clock is behind: a and c end up the oldest, yet they are in the batch.
     verdict = await check(state, [("a", 1), ("c", 0)], now_ms=50)
     assert verdict.evicted == ("b",)
     producers = await state.producers("orders", 0)
-    assert producers == {"a": ProducerState(1, None, 100), "c": ProducerState(0, None, 50)}
+    assert producers == {"a": ProducerState(1, 0, 100), "c": ProducerState(0, None, 50)}
 
 
 async def test_purge_idle(state: DedupState) -> None:
@@ -677,9 +697,12 @@ class Pair:
         await self.assert_same()
         return by_runs
 
-    async def persist(self, persisted: Mapping[str, int | ChunkProgress]) -> None:
+    async def persist(
+        self, persisted: Mapping[str, int | ChunkProgress], now_ms: int = 1_000
+    ) -> None:
         for state in (self.runs, self.records):
-            assert await state.mark_persisted([("orders", 0, persisted)], 1_000, [self.token]) == []
+            marked = await state.mark_persisted([("orders", 0, persisted)], now_ms, [self.token])
+            assert marked == []
         await self.assert_same()
 
     async def reset(self) -> None:
@@ -874,9 +897,12 @@ async def test_eviction_with_runs(client: redis.asyncio.Redis) -> None:
     pair = Pair(client, max_producers=3)
     for now, producer in enumerate("abc", start=1):
         assert (await pair.check(seq(producer, range(5)), now_ms=now)).evicted == ()
+    # Acknowledged: nothing in flight (at time 0: last seen stays as the checks left it).
+    await pair.persist({"a": 4, "b": 4, "c": 4}, now_ms=0)
     # a is the least recently seen, but in the batch: b goes.
     verdict = await pair.check([*seq("d", range(3)), *seq("a", range(5, 8))], now_ms=4)
     assert verdict.evicted == ("b",)
+    await pair.persist({"a": 7}, now_ms=0)
     verdict = await pair.check([*seq("e", range(10)), *seq("f", range(10))], now_ms=5)
     assert verdict.evicted == ("c", "a")
     assert sorted(await pair.runs.producers("orders", 0)) == ["d", "e", "f"]
