@@ -32,6 +32,7 @@ a message is given up only when the caller says so (``message.timeout.ms``).
 from __future__ import annotations
 
 import json
+import os
 import urllib.parse
 import urllib.request
 import uuid
@@ -62,6 +63,10 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+# Where `DedupProducer` and the CLI find the admin API's bearer token when none is given.
+ADMIN_TOKEN_ENV = "DEDUP_PROXY_ADMIN_TOKEN"
+
+
 class DedupProducer:
     def __init__(
         self,
@@ -70,6 +75,7 @@ class DedupProducer:
         initial_sequence_id: int | None = None,
         admin_url: str | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        admin_token: str | None = None,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         **confluent_config: Any,
     ) -> None:
@@ -82,6 +88,8 @@ class DedupProducer:
         self.max_message_size = max_message_size
         self._partitions: dict[str, int] = {}
         self._admin_url = admin_url.rstrip("/") if admin_url else None
+        # A read-scope token is enough for what a producer asks (docs/operations.md).
+        self._admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
         self.producer_name = producer_name or self._assign_name()
         if not self.producer_name:
             raise ValueError("producer_name must not be empty")
@@ -207,7 +215,8 @@ class DedupProducer:
     def _admin(self, method: str, path: str) -> dict[str, Any]:
         if self._admin_url is None:
             raise RuntimeError("this needs the proxy's admin_url")
-        request = urllib.request.Request(f"{self._admin_url}{path}", method=method)
+        headers = {"Authorization": f"Bearer {self._admin_token}"} if self._admin_token else {}
+        request = urllib.request.Request(f"{self._admin_url}{path}", method=method, headers=headers)
         with urllib.request.urlopen(request, timeout=30) as answer:
             body: dict[str, Any] = json.load(answer)
             return body

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -12,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dedup.client import ADMIN_TOKEN_ENV
 from dedup.policies import Mode
 
 AdminUrl = Annotated[
@@ -32,11 +34,12 @@ def _call(
     timeout_s: float = 30.0,
 ) -> Any:
     data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    token = os.environ.get(ADMIN_TOKEN_ENV)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(
-        admin_url.rstrip("/") + path,
-        data=data,
-        method=method,
-        headers={"Content-Type": "application/json"},
+        admin_url.rstrip("/") + path, data=data, method=method, headers=headers
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as answer:

@@ -4,13 +4,18 @@ mount (dedup's API under /v1)."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 from collections.abc import Callable, Sequence
 
+import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy.runtime.admin_auth import auth_middleware, load_admin_tokens, scopes_listed
 from proxy.runtime.server import ProxyServer
+
+log = structlog.get_logger(__name__)
 
 # The upstream view is stale after this many missed refreshes: report unhealthy.
 _STALE_REFRESHES = 3
@@ -20,6 +25,19 @@ AdminRoutes = Callable[[web.Application], None]
 
 
 def build_admin_app(server: ProxyServer, routes: Sequence[AdminRoutes] = ()) -> web.Application:
+    """The app, behind bearer-token checks when tokens are configured (`admin_auth`)."""
+    settings = server.settings
+    tokens = load_admin_tokens(settings.admin_tokens_file, settings.admin_tokens)
+    if tokens is None:
+        if not _loopback(settings.admin_endpoint.host):
+            log.warning(
+                "the admin API is open to anyone who reaches it: configure admin_tokens_file "
+                "or admin_tokens, or bind it to a loopback address",
+                admin=settings.admin,
+            )
+    else:
+        log.info("admin API needs bearer tokens", tokens=scopes_listed(tokens.tokens))
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -37,7 +55,7 @@ def build_admin_app(server: ProxyServer, routes: Sequence[AdminRoutes] = ()) -> 
         }
         return web.json_response(body, status=200 if fresh else 503)
 
-    app = web.Application()
+    app = web.Application(middlewares=[auth_middleware(tokens)] if tokens else [])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     for add_routes in routes:
@@ -51,3 +69,10 @@ async def start_admin(server: ProxyServer, routes: Sequence[AdminRoutes] = ()) -
     endpoint = server.settings.admin_endpoint
     await web.TCPSite(runner, endpoint.host, endpoint.port).start()
     return runner
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

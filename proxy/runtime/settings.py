@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from proxy.kafka.topology import Endpoint
+from proxy.runtime.admin_auth import TokenError, load_admin_tokens
 
 DEFAULT_LISTEN = "127.0.0.1:29092"
 DEFAULT_ADMIN = "127.0.0.1:29080"
@@ -61,6 +62,17 @@ class ProxySettings(BaseSettings):
         "(default: broker_port_base)",
     )
     admin: str = Field(default=DEFAULT_ADMIN, description="admin HTTP listener, HOST:PORT")
+    admin_tokens_file: Path | None = Field(
+        default=None,
+        description="bearer tokens of the admin API, one 'SCOPE TOKEN' per line (scope read "
+        "or admin; proxy.runtime.admin_auth)",
+    )
+    admin_tokens: str | None = Field(
+        default=None,
+        description="more bearer tokens: 'SCOPE:TOKEN' items, comma separated (e.g. "
+        "DEDUP_PROXY_ADMIN_TOKENS from a secret)",
+        repr=False,
+    )
     reuse_port: bool = Field(
         default=False,
         description="open the bootstrap listener with SO_REUSEPORT, so several processes share "
@@ -114,6 +126,10 @@ class ProxySettings(BaseSettings):
         base = self.broker_port_base
         if base is not None and not 0 < base < 65536:
             raise ValueError(f"broker_port_base {base} is not a valid port")
+        try:
+            load_admin_tokens(self.admin_tokens_file, self.admin_tokens)
+        except TokenError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     @property
