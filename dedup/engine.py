@@ -373,9 +373,12 @@ class DedupEngine:
         for item, check in pairs:
             item.checked_as = check
         checked = [w for w, _ in pairs]
+        # Acknowledgements of these partitions not yet recorded go first, in the same round
+        # trip: a re-send of a record just acknowledged then reads as the duplicate it is.
+        acked = self._persisted.take({(c.topic, c.partition) for _, c in pairs})
         try:
             verdicts = await self._state.check_and_push(
-                [c for _, c in pairs], self._clock.clock_ms()
+                [c for _, c in pairs], self._clock.clock_ms(), acked
             )
         except RedisError as exc:
             # The script may or may not have run: treat it like a failed write, so the
@@ -385,6 +388,9 @@ class DedupEngine:
                 self._fail(item)
                 self._refuse(item, _not_written("dedup state unavailable"))
             return
+        finally:
+            if acked is not None:
+                self._persisted.taken_done(acked)
         for item, verdict in zip(checked, verdicts, strict=True):
             if verdict.lost:
                 self._recoveries.state_lost(item.topic, item.partition, item.token)
@@ -408,7 +414,12 @@ class DedupEngine:
                 )
                 continue
             if verdict.bad is not None:
-                self._refuse_bad_chunk(item, verdict.bad, verdict.bad_index)
+                self._refuse_bad_record(
+                    item,
+                    verdict.bad,
+                    verdict.bad_index,
+                    "sequence_jump" if verdict.jump else "chunk",
+                )
                 continue
             if verdict.refused:
                 metrics.RECORDS.labels("unknown").inc(len(verdict.statuses))
@@ -441,14 +452,15 @@ class DedupEngine:
                     item.keep[b][r] = False
                     item.dropped += 1
 
-    def _refuse_bad_chunk(self, item: _Work, why: str, index: int) -> None:
-        """A chunk broke the chunk rule (`dedup.chunks.accept_chunk`): bad input, nothing
-        written, not retriable (the same chunk can never be accepted)."""
+    def _refuse_bad_record(self, item: _Work, why: str, index: int, rule: str) -> None:
+        """A record broke a rule the check knows (the chunk rule, `dedup.chunks.accept_chunk`,
+        or max_sequence_jump): bad input, nothing written, not retriable (the same record
+        can never be accepted)."""
         record = item.identified[index]
         message = f"record at offset delta {record.offset_delta}: {why}"
-        metrics.BAD_INPUT.labels("chunk").inc()
+        metrics.BAD_INPUT.labels(rule).inc()
         log.warning(
-            "refusing a bad chunk", topic=item.topic, partition=item.partition, error=message
+            "refusing a bad record", topic=item.topic, partition=item.partition, error=message
         )
         item.answer = PartitionAnswer(ErrorCode.invalid_record, error_message=message)
 

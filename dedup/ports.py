@@ -15,7 +15,7 @@ from dedup.ownership.owner import Redirect
 from dedup.partitions import Key
 from dedup.policies import PolicySnapshot
 from dedup.recovery import RecoveredPartition
-from dedup.state import PartitionCheck, PartitionVerdict, Persisted, clock_ms
+from dedup.state import Acked, PartitionCheck, PartitionVerdict, Persisted, clock_ms
 from dedup.writer import BatchToWrite, WriteResult
 from proxy.kafka.topology import Endpoint
 
@@ -35,7 +35,7 @@ class StateStore(PersistedStore, Protocol):
     """The pushed / persisted maps (`dedup.state.DedupState`): the check and its undo."""
 
     async def check_and_push(
-        self, checks: Sequence[PartitionCheck], now_ms: int
+        self, checks: Sequence[PartitionCheck], now_ms: int, acked: Acked | None = None
     ) -> list[PartitionVerdict]: ...
 
     async def reset_pushed(self, topic: str, partition: int, token: str | None = None) -> bool: ...

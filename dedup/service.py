@@ -72,7 +72,10 @@ class DedupService:
         )
         prefix = settings.redis_key_prefix
         self.state = DedupState(
-            self.redis, key_prefix=prefix, max_producers=settings.max_producers_per_partition
+            self.redis,
+            key_prefix=prefix,
+            max_producers=settings.max_producers_per_partition,
+            max_sequence_jump=settings.max_sequence_jump,
         )
         self.policies = PolicyStore(
             self.redis,

@@ -74,6 +74,13 @@ class DedupSettings(BaseSettings):
         description="bytes of a dedup.producer name (longer: INVALID_RECORD); every name is "
         "kept in Redis and in snapshots",
     )
+    max_sequence_jump: int = Field(
+        default=0,
+        ge=0,
+        description="a record more than this above its producer's last sequence on the "
+        "partition is refused (INVALID_RECORD), so that a forged huge sequence cannot make "
+        "the producer's next records read as duplicates; 0: no bound (holes are allowed)",
+    )
     max_producers_per_partition: int = Field(default=10_000, gt=0)
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
     instance_id: str | None = Field(

@@ -168,16 +168,29 @@ class PartitionVerdict:
     # Per identity: the bytes of its message so far for a NOT_DUP chunk that is not the
     # last (what `mark_persisted` needs once it is acknowledged), else None.
     sizes: tuple[int | None, ...] = ()
-    bad: str | None = None  # a chunk broke the chunk rule: why (nothing was updated)
+    bad: str | None = None  # a chunk or the jump rule was broken: why (nothing was updated)
     bad_index: int = -1  # and which identity (0-based)
     # The rule broken is only a skip ahead: the chunk before may still come (retriable).
     gap: bool = False
+    # The rule broken is max_sequence_jump (not retriable: the same record is refused again).
+    jump: bool = False
 
     @property
     def refused(self) -> bool:
         """Nothing was updated: some record is UNKNOWN (retry later), a chunk is bad, or
         the state was lost."""
         return self.lost or self.bad is not None or Status.UNKNOWN in self.statuses
+
+
+@dataclass(slots=True)
+class Acked:
+    """Acknowledged positions that `check_and_push` records before its check (the args of
+    `mark_persisted`); `lost` is set once they are recorded: the indexes of the updates whose
+    token no longer matched. None: not recorded (the call failed)."""
+
+    updates: list[tuple[str, int, Mapping[str, Persisted]]]
+    tokens: list[str | None]
+    lost: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +260,7 @@ class DedupState:
         key_prefix: str = "dedup",
         max_producers: int = 10_000,
         check_encoding: CheckEncoding = CheckEncoding.AUTO,
+        max_sequence_jump: int = 0,
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
             # A brace in the prefix would become the Redis Cluster hash tag.
@@ -256,6 +270,9 @@ class DedupState:
         self._redis = redis
         self._prefix = key_prefix
         self._max_producers = max_producers
+        if max_sequence_jump < 0:
+            raise ValueError(f"max_sequence_jump must be >= 0 (0: none): {max_sequence_jump}")
+        self._max_jump = str(max_sequence_jump)
         self._check_encoding = check_encoding
         # Per token this process loaded: the calls made with it that Redis answered. Redis
         # must count at least as many (see `token_matches` in lua/seq.lua): a Redis that
@@ -266,15 +283,19 @@ class DedupState:
     # -- the produce path -------------------------------------------------------------------
 
     async def check_and_push(
-        self, checks: Sequence[PartitionCheck], now_ms: int
+        self, checks: Sequence[PartitionCheck], now_ms: int, acked: Acked | None = None
     ) -> list[PartitionVerdict]:
         """Classify every record of every partition batch (see the module's table) and, for
         each partition with no UNKNOWN record, raise pushed[p] and last-seen. One round trip;
         a second, for those partitions only, when a run must be re-sent record by record
         (the script's "expand": a run overlapping pushed[p] with sequences of 10^15 or more).
 
+        `acked`: acknowledged positions to record first (`mark_persisted`), in the same
+        round trip, so that the check sees them; their outcome is left in `acked.lost`.
+
         If this raises (connection lost, timeout), the scripts may or may not have run: treat
-        the batches as failed writes (`reset_pushed` once the partition's writes settle).
+        the batches as failed writes (`reset_pushed` once the partition's writes settle),
+        and record `acked` again (recording is idempotent).
         """
         # A partition named twice in one call gets no runs: its re-sent expansion would be
         # checked after the later batch instead of before it.
@@ -285,9 +306,13 @@ class DedupState:
             )
             for c in checks
         ]
+        persist = [] if acked is None else self._persist_calls(acked.updates, now_ms, acked.tokens)
         replies = await self._run(
-            calls, self._note_partitions((c.topic, c.partition) for c in checks)
+            [*persist, *calls], self._note_partitions((c.topic, c.partition) for c in checks)
         )
+        if acked is not None:
+            acked.lost = self._persisted_outcome(acked.tokens, replies[: len(persist)])
+            replies = replies[len(persist) :]
         self._count_checks(checks, replies)  # before a re-send that may raise
         # {'expand'}: a run that overlaps pushed[p] with sequences beyond a Lua number's
         # exact range. Nothing changed and the call was not counted: re-send it per record.
@@ -303,7 +328,7 @@ class DedupState:
             if _text(statuses) == "lost":
                 verdicts.append(PartitionVerdict((), (), lost=True))
                 continue
-            if _text(statuses) in ("bad", "gap"):
+            if _text(statuses) in ("bad", "gap", "jump"):
                 number, message = rest
                 verdicts.append(
                     PartitionVerdict(
@@ -312,6 +337,7 @@ class DedupState:
                         bad=_text(message),
                         bad_index=int(number) - 1,
                         gap=_text(statuses) == "gap",
+                        jump=_text(statuses) == "jump",
                     )
                 )
                 continue
@@ -344,7 +370,7 @@ class DedupState:
     def _check_call(self, check: PartitionCheck, runs: list[Run] | None, now_ms: int) -> _Call:
         """The check script's call for one partition batch: per run (stride 4), per record
         (stride 2), or per record with its chunk fields (stride 7)."""
-        args = [str(now_ms), str(self._max_producers), self._guard(check.token)]
+        args = [str(now_ms), str(self._max_producers), self._max_jump, self._guard(check.token)]
         if runs is not None:
             args.append("4")
             for producer, first, last, count in runs:
@@ -384,6 +410,17 @@ class DedupState:
         hold; returns the indexes of the updates whose token no longer matched: nothing was
         recorded there, their state was lost."""
         tokens = tokens or [None] * len(updates)
+        calls = self._persist_calls(updates, now_ms, tokens)
+        replies = await self._run(calls, self._note_partitions((t, p) for t, p, _ in updates))
+        return self._persisted_outcome(tokens, replies)
+
+    def _persist_calls(
+        self,
+        updates: Sequence[tuple[str, int, Mapping[str, Persisted]]],
+        now_ms: int,
+        tokens: Sequence[str | None],
+    ) -> list[_Call]:
+        """The persist script's calls for `mark_persisted`, one per partition."""
         calls: list[_Call] = []
         for (topic, partition, persisted), token in zip(updates, tokens, strict=True):
             args = [str(now_ms), self._guard(token)]
@@ -401,7 +438,11 @@ class DedupState:
                 else:
                     args += (producer, _sequence(position), "", "", "", "", "")
             calls.append((_PERSIST, self._keys(topic, partition), args))
-        replies = await self._run(calls, self._note_partitions((t, p) for t, p, _ in updates))
+        return calls
+
+    def _persisted_outcome(self, tokens: Sequence[str | None], replies: Sequence[Any]) -> list[int]:
+        """Counts the persist calls that ran; the indexes of those whose token no longer
+        matched (nothing recorded there: the partition's state was lost)."""
         for token, done in zip(tokens, replies, strict=True):
             if done:
                 self._counted(token)

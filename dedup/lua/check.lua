@@ -4,7 +4,8 @@
 --
 -- KEYS: pushed (hash), persisted (hash), seen (zset producer -> last seen ms), token (string),
 --       pushed_chunk (hash), persisted_chunk (hash): the chunked message in progress
--- ARGV: now_ms, max_producers, token, stride (2, 4 or 7), then in batch order:
+-- ARGV: now_ms, max_producers, max_jump (0: none), token, stride (2, 4 or 7), then in batch
+--       order:
 --       stride 2 and 7, for every record: producer, sequence, and with stride 7: chunk id
 --       ("" for a record that is not a chunk), chunk count, total size, value size, uuid.
 --       A batch without chunks (the common case) is sent with stride 2 or 4, which keep the
@@ -26,6 +27,8 @@
 -- replaced since the caller recovered it, so no answer from it can be trusted. Returns
 -- { "bad", record number (1-based), message } and changes nothing when a chunk breaks the
 -- chunk rule (dedup/chunks.py `accept_chunk`, whose messages these are word for word), or
+-- { "jump", record number, message } alike when a record is more than max_jump above its
+-- producer's pushed[p] (a known producer only: a new one may start anywhere), or
 -- { "gap", ... } alike when the chunk skips ahead: an earlier chunk may still be on its way
 -- (a pipelined request refused while the partition recovered, or being retried).
 --
@@ -34,8 +37,8 @@
 -- them in pushed_chunk[p] / persisted_chunk[p] (its sequence above theirs).
 local pushed_key, persisted_key, seen_key = KEYS[1], KEYS[2], KEYS[3]
 local pushed_chunk_key, persisted_chunk_key = KEYS[5], KEYS[6]
-local now, max_producers = ARGV[1], tonumber(ARGV[2])
-local guard, stride = ARGV[3], tonumber(ARGV[4])
+local now, max_producers, max_jump = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local guard, stride = ARGV[4], tonumber(ARGV[5])
 if not token_holds(KEYS[4], guard) then
     return { 'lost' }
 end
@@ -99,6 +102,12 @@ local function record(n, p, s, i)
     end
     local status, size_out = nil, ''
     if pos_cmp(s, c, pushed[p], chunk[p]) > 0 then
+        if max_jump > 0 and pushed[p] and tonumber(s) - tonumber(pushed[p]) > max_jump then
+            -- Lua numbers: exact below 2^53, within a few thousand beyond (a coarse bound).
+            return { 'jump', n, 'sequence ' .. s .. ' is more than ' .. ARGV[3]
+                .. ' above ' .. p .. "'s last sequence " .. pushed[p]
+                .. ' (max_sequence_jump): refused, nothing written' }
+        end
         status = '0' -- NotDup: new; later records of this batch see the raised position
         if c_text == '' then
             if same then
@@ -227,7 +236,7 @@ end
 local function classify()
     local n = 0
     if stride == 4 then
-        for i = 5, #ARGV, 4 do
+        for i = 6, #ARGV, 4 do
             local count = tonumber(ARGV[i + 3])
             local stop = run(n, ARGV[i], ARGV[i + 1], ARGV[i + 2], count)
             if stop then
@@ -237,7 +246,7 @@ local function classify()
         end
         return nil
     end
-    for i = 5, #ARGV, stride do
+    for i = 6, #ARGV, stride do
         n = n + 1
         local stop = record(n, ARGV[i], ARGV[i + 1], stride == 7 and i or nil)
         if stop then

@@ -668,7 +668,9 @@ class Pair:
     the other record by record. Every call goes to both; the answers and the states must
     be the same."""
 
-    def __init__(self, client: redis.asyncio.Redis, max_producers: int = 10_000) -> None:
+    def __init__(
+        self, client: redis.asyncio.Redis, max_producers: int = 10_000, max_jump: int = 0
+    ) -> None:
         self.client = client
         self.runs, self.records = (
             DedupState(
@@ -676,6 +678,7 @@ class Pair:
                 key_prefix=fresh_prefix(),
                 max_producers=max_producers,
                 check_encoding=encoding,
+                max_sequence_jump=max_jump,
             )
             for encoding in (CheckEncoding.RUNS, CheckEncoding.RECORDS)
         )
@@ -728,7 +731,7 @@ def spy_strides(state: DedupState) -> list[str]:
     real = state._run  # every script call goes through it
 
     async def spy(calls: Sequence[Any], before: Sequence[tuple[str, ...]] = ()) -> list[Any]:
-        strides.extend(args[3] for script, _, args in calls if script.name == "check")
+        strides.extend(args[4] for script, _, args in calls if script.name == "check")
         return await real(calls, before)
 
     state._run = spy  # type: ignore[method-assign]
@@ -882,7 +885,7 @@ async def test_an_expand_answer_changes_nothing(client: redis.asyncio.Redis) -> 
     keys = state.partition_keys("orders", 0)[:6]
     before = {key: await client.dump(key) for key in keys}
     first, last = str(-(2**60) - 2), str(-(2**60) + 2)  # across pushed
-    call = ["1", "10", "token-y 0", "4", "q", "0", "4", "5", "p", first, last, "5"]
+    call = ["1", "10", "0", "token-y 0", "4", "q", "0", "4", "5", "p", first, last, "5"]
     (reply,) = await state.run_scripts([(Script.load("check"), keys, call)])
     assert reply == [b"expand"]
     assert {key: await client.dump(key) for key in keys} == before  # the token's count too
@@ -1055,3 +1058,23 @@ async def test_the_policies_last_read_serve_on_while_redis_is_down(tmp_path: Pat
                 await never_read.snapshot()
         finally:
             await client.aclose()
+
+
+async def test_a_record_too_far_above_its_producers_last_is_refused(
+    client: redis.asyncio.Redis,
+) -> None:
+    """max_sequence_jump: a forged huge sequence cannot raise a known producer's pushed (its
+    next records would read as duplicates); a new producer may start anywhere."""
+    pair = Pair(client, max_jump=100)
+    assert (await pair.check(seq("p", range(10)))).statuses == (NOT_DUP,) * 10
+    before = await pair.runs.producers("orders", 0)
+    for forged in ([("p", 110)], [("p", 2**63 - 1)], [*seq("p", range(10, 12)), ("p", 200)]):
+        verdict = await pair.check(forged)
+        assert verdict.jump and verdict.refused and verdict.statuses == ()
+        assert verdict.bad is not None and "max_sequence_jump" in verdict.bad
+        assert verdict.bad_index == len(forged) - 1
+        assert await pair.runs.producers("orders", 0) == before, "nothing changed"
+    assert (await pair.check([("p", 109)])).statuses == (NOT_DUP,)  # 100 above 9: allowed
+    assert (await pair.check(seq("q", range(10**17, 10**17 + 3)))).statuses == (NOT_DUP,) * 3
+    old = await pair.check([("p", 5)])  # pushed, not acknowledged: UNKNOWN, as without a bound
+    assert old.statuses == (UNKNOWN,) and not old.jump

@@ -12,14 +12,16 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from dedup.client import DedupProducer
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
 from proxy.kafka.upstream_client import encode_request
-from tests.support.kafka_io import values
+from tests.support.kafka_io import assert_exactly_once_in_order, values
+from tests.support.ports import JUMP_BOUND
 from tests.support.raw import (
     bomb_batch,
     explicit_batch,
@@ -118,3 +120,44 @@ def test_a_bomb_is_refused_quickly_and_other_connections_go_on(
     landed = values(local_env.bootstrap, topic)
     assert landed[0] == b"v0" and all(v.startswith(b"v") for v in landed)
     assert len(landed) == 1 + len(bystander.times)
+
+
+@pytest.fixture(scope="module")
+def jump_bounded(
+    local_env: EnvInfo, tmp_path_factory: pytest.TempPathFactory, redis_key_prefix: str
+) -> Iterator[ProxyProcess]:
+    process = ProxyProcess(
+        upstream=local_env.bootstrap,
+        listen_port=JUMP_BOUND.listen,
+        admin_port=JUMP_BOUND.admin,
+        extra_args=["--broker-port-base", str(JUMP_BOUND.broker_base)],
+        env={
+            "DEDUP_PROXY_REDIS": local_env.redis,
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"{redis_key_prefix}-jump",
+            "DEDUP_PROXY_MAX_SEQUENCE_JUMP": "1000",
+        },
+        log_path=tmp_path_factory.mktemp("jump") / "proxy.log",
+    ).start()
+    yield process
+    assert process.stop() == 0
+
+
+def test_a_forged_huge_sequence_is_refused_and_the_real_producer_goes_on(
+    jump_bounded: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """Without the bound, one record claiming `loader` with sequence 2^63-1 would make every
+    later record of the real `loader` read as a duplicate (dropped, answered success)."""
+    topic = new_topic(local_env.bootstrap)
+    loader = DedupProducer(jump_bounded.bootstrap, "loader")
+    for sequence in range(100):
+        loader.send(topic, str(sequence).encode(), sequence_id=sequence)
+    assert loader.flush(60) == 0
+    forged = produce_raw(
+        jump_bounded, produce_request(topic, {0: explicit_batch([("loader", 2**63 - 1)])})
+    )
+    assert forged.error_code == INVALID_RECORD, forged
+    assert "max_sequence_jump" in (forged.error_message or "")
+    for sequence in range(100, 200):
+        loader.send(topic, str(sequence).encode(), sequence_id=sequence)
+    assert loader.flush(60) == 0
+    assert_exactly_once_in_order(values(local_env.bootstrap, topic), 200)

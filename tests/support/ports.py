@@ -40,6 +40,8 @@ INSTANCES = [
 PASS_THROUGH_ONLY = ProxyPorts(listen=29392, admin=29380, broker_base=29393)
 # test_admin_auth: a dedup proxy whose admin API needs bearer tokens.
 ADMIN_AUTH = ProxyPorts(listen=29792, admin=29780, broker_base=29793)
+# test_hostile_input: a dedup proxy with max_sequence_jump.
+JUMP_BOUND = ProxyPorts(listen=29892, admin=29880, broker_base=29893)
 
 # test_workers: `serve --workers 2`; worker i serves admin + i and brokers at
 # broker_base + 100 * i (27293, 27393).

@@ -57,7 +57,7 @@ from dedup.policies import Mode, PolicySnapshot
 from dedup.produce_filter import produce_response
 from dedup.recovery import NotOwner, RecoveredPartition
 from dedup.recovery_scheduler import RecoveryScheduler
-from dedup.state import PartitionCheck, PartitionVerdict, Persisted, Status
+from dedup.state import Acked, PartitionCheck, PartitionVerdict, Persisted, Status
 from dedup.writer import WITHDRAWN, BatchToWrite, WriteResult
 from proxy.kafka.topology import Endpoint
 
@@ -155,9 +155,10 @@ class FakeState:
     fail_check: str | None = None  # "before" / "after" the script ran: the next check raises
     # ... or "late": it raises, and its script reaches Redis only at `run_late_checks`.
     late_checks: list[Sequence[PartitionCheck]] = field(default_factory=list)
+    acked_with_checks: int = 0  # check calls that recorded acknowledgements first
 
     async def check_and_push(
-        self, checks: Sequence[PartitionCheck], now_ms: int
+        self, checks: Sequence[PartitionCheck], now_ms: int, acked: Acked | None = None
     ) -> list[PartitionVerdict]:
         self.now_ms.append(now_ms)
         hold, self.hold_check = self.hold_check, None
@@ -166,6 +167,9 @@ class FakeState:
         fail, self.fail_check = self.fail_check, None
         if fail == "before":
             raise RedisConnectionError("connection lost before the script ran")
+        if acked is not None:  # recorded first, in the same round trip
+            self.acked_with_checks += 1
+            acked.lost = await self.mark_persisted(acked.updates, now_ms, acked.tokens)
         if fail == "late":
             self.late_checks.append(checks)
             raise RedisTimeoutError("no answer in time; the script is still on its way")
@@ -466,6 +470,7 @@ async def running(
     retry_s: tuple[float, float] = (0.01, 0.05),
     policies: PolicySnapshot | None = None,
     max_request_decompressed_bytes: int = 128 << 20,
+    persisted_linger_s: float = 0.005,
 ) -> AsyncIterator[Rig]:
     state, writer = FakeState(), FakeWriter()
     recovery = FakeRecovery(state, writer)
@@ -482,6 +487,7 @@ async def running(
         first_use_wait_s=first_use_wait_s,
         settle_wait_s=2.0,
         max_request_decompressed_bytes=max_request_decompressed_bytes,
+        persisted_linger_s=persisted_linger_s,
     )
     try:
         yield Rig(state, writer, recovery, scheduler, engine, owners)
@@ -636,6 +642,18 @@ async def test_a_batch_mixing_duplicates_and_new_records_writes_only_the_new() -
         mixed = await rig.send((P0, records("p", [1, 2, 3])))
         assert ok(mixed[P0]) and mixed[P0].base_offset == -1, "never a wrong offset"
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
+
+
+async def test_a_resend_right_after_the_ack_is_a_duplicate_not_a_retry() -> None:
+    """The acknowledgement is not in Redis yet (the flusher lingers), but the check of the
+    partition records it first, in its own round trip."""
+    async with running(persisted_linger_s=30) as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1]))))[P0])
+        again = await rig.send((P0, records("p", [0, 1])))
+        assert ok(again[P0]) and again[P0].base_offset == -1, again[P0]
+        assert rig.state.acked_with_checks == 1
+        assert rig.writer.log[P0] == in_order("p", [0, 1])
+        await asyncio.wait_for(rig.engine.flush_persisted(), 5)  # nothing left behind
 
 
 async def test_unknown_records_are_refused_retriable_and_nothing_is_written() -> None:

@@ -99,3 +99,77 @@ def test_a_reader_that_flushes_does_not_wait_for_the_linger() -> None:
         return loop.time() - started
 
     assert asyncio.run(scenario()) < 5
+
+
+def test_a_check_takes_its_partitions_updates_and_a_flush_waits_for_them() -> None:
+    async def scenario() -> None:
+        state = FakeState()
+        state.gate.set()
+        recorder = PersistedRecorder(state, linger_s=30)  # type: ignore[arg-type]
+        recorder.add("t", 0, {"a": 1})
+        recorder.add("t", 1, {"b": 2})
+        acked = recorder.take({("t", 0)})
+        assert acked is not None and acked.updates == [("t", 0, {"a": 1})]
+        assert recorder.take({("t", 0)}) is None
+        flushed = asyncio.create_task(recorder.flush())
+        await asyncio.sleep(0.05)
+        assert state.calls == [[("t", 1, {"b": 2})]]  # the rest, written at once
+        assert not flushed.done(), "t/0 is still on its way with its check"
+        acked.lost = []  # the check recorded it
+        recorder.taken_done(acked)
+        await asyncio.wait_for(flushed, 5)
+        assert state.calls == [[("t", 1, {"b": 2})]]
+
+    asyncio.run(scenario())
+
+
+def test_updates_a_failed_check_took_go_back_to_the_flusher() -> None:
+    async def scenario() -> None:
+        state = FakeState()
+        state.gate.set()
+        recorder = PersistedRecorder(state, linger_s=30)  # type: ignore[arg-type]
+        recorder.add("t", 0, {"a": 1})
+        acked = recorder.take({("t", 0)})
+        assert acked is not None
+        recorder.add("t", 0, {"a": 3})  # acknowledged meanwhile
+        recorder.taken_done(acked)  # the check failed: lost is None
+        await asyncio.wait_for(recorder.flush(), 5)
+        assert state.calls == [[("t", 0, {"a": 3})]]
+
+    asyncio.run(scenario())
+
+
+def test_a_partition_whose_state_was_lost_is_told_after_a_check_took_its_updates() -> None:
+    async def scenario() -> list[tuple[str, int, str]]:
+        lost: list[tuple[str, int, str]] = []
+        recorder = PersistedRecorder(FakeState(), on_lost=lambda *k: lost.append(k))  # type: ignore[arg-type]
+        recorder.add("t", 0, {"a": 1}, token="tok")
+        acked = recorder.take({("t", 0)})
+        assert acked is not None and acked.tokens == ["tok"]
+        acked.lost = [0]
+        recorder.taken_done(acked)
+        await asyncio.wait_for(recorder.flush(), 5)
+        return lost
+
+    assert asyncio.run(scenario()) == [("t", 0, "tok")]
+
+
+def test_a_check_takes_a_copy_of_the_flushers_write_under_way() -> None:
+    """The flusher's write may land after the check (another connection): the check
+    records those updates too, so it never reads a just-acknowledged record as unknown."""
+
+    async def scenario() -> None:
+        state = FakeState()  # its gate is shut: the write waits
+        recorder = PersistedRecorder(state, linger_s=0)  # type: ignore[arg-type]
+        recorder.add("t", 0, {"a": 1})
+        await asyncio.sleep(0.01)  # the flusher's write is under way
+        recorder.add("t", 0, {"b": 2})
+        acked = recorder.take({("t", 0)})
+        assert acked is not None and acked.updates == [("t", 0, {"a": 1, "b": 2})]
+        acked.lost = []
+        recorder.taken_done(acked)
+        state.gate.set()
+        await asyncio.wait_for(recorder.flush(), 5)
+        assert state.calls == [[("t", 0, {"a": 1})]]  # the flusher's own write still lands
+
+    asyncio.run(scenario())
