@@ -132,6 +132,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
     async def list_snapshots(_: web.Request) -> web.Response:
         now = clock_ms()
         partitions = []
+        failing = service.recoveries.failing()
         for (topic, partition), p in sorted(service.engine.partition_states().items()):
             partitions.append(
                 {
@@ -146,6 +147,9 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
                     "acknowledged_end": p.cursor.safe_end,
                     "writes_unsettled": p.cursor.unsettled,
                     "records_since_snapshot": p.cursor.records_settled - p.snapshot_records,
+                    # Set while its recovery keeps failing (it is retried with a backoff of
+                    # its own; the other partitions are not held back).
+                    "recovery_failing": failing.get((topic, partition)),
                 }
             )
         return web.json_response(

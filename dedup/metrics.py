@@ -40,6 +40,11 @@ REPLAYED_RECORDS = Counter("dedup_replayed_records_total", "Records read by reco
 RECOVERING = Gauge(
     "dedup_partitions_recovering", "Partitions whose produce requests wait for a recovery"
 )
+RECOVERIES_FAILING = Gauge(
+    "dedup_recoveries_failing",
+    "Partitions whose last recovery failed (retried with a backoff of their own; "
+    "/v1/snapshots says why)",
+)
 OWNED_PARTITIONS = Gauge("dedup_owned_partitions", "Partitions whose lease this instance holds")
 LEASES = Counter(
     "dedup_lease_events_total",

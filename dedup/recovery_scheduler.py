@@ -41,6 +41,7 @@ class _Queued:
     reason: str
     failures: int = 0  # in a row
     retry_at: float = 0.0  # loop time before which it is not tried again
+    last_error: str = ""
 
 
 class RecoveryScheduler:
@@ -104,6 +105,21 @@ class RecoveryScheduler:
     def recovering(self, key: Key) -> bool:
         """Whether a recovery of this partition is queued or under way."""
         return key in self._queue
+
+    def failing(self) -> dict[Key, dict[str, object]]:
+        """The partitions whose last recovery failed: how often in a row, the last error,
+        and when the next try is (for the admin API)."""
+        now = asyncio.get_running_loop().time()
+        return {
+            key: {
+                "failures": queued.failures,
+                "last_error": queued.last_error,
+                "retry_in_s": round(max(0.0, queued.retry_at - now), 3),
+                "reason": queued.reason,
+            }
+            for key, queued in self._queue.items()
+            if queued.failures
+        }
 
     def forget(self, key: Key) -> None:
         """The partition is no longer this instance's (lease lost or handed over): its
@@ -209,6 +225,7 @@ class RecoveryScheduler:
         state.open.set()
         self._queue.pop(key, None)
         metrics.RECOVERIES.labels("ok").inc()
+        metrics.RECOVERIES_FAILING.set(sum(1 for q in self._queue.values() if q.failures))
 
     def _failed(self, key: Key, error: Exception) -> None:
         queued = self._queue.pop(key, None)
@@ -226,6 +243,8 @@ class RecoveryScheduler:
             )
             return
         queued.failures += 1
+        queued.last_error = f"{type(error).__name__}: {error}"
+        metrics.RECOVERIES_FAILING.set(sum(1 for q in self._queue.values() if q.failures) + 1)
         first, longest = self._retry_s
         pause = min(first * 2 ** (queued.failures - 1), longest)
         queued.retry_at = asyncio.get_running_loop().time() + pause

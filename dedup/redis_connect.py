@@ -15,7 +15,10 @@ A port left out is Redis's default (6379; 26379 for a Sentinel).
 
 Every client is built without automatic retries: a script sent on a connection that then
 failed or timed out may have run, and running the check twice would read a batch's own
-records as duplicates. The caller treats such a failure as a failed write instead. A URL in
+records as duplicates. The caller treats such a failure as a failed write instead. The
+cluster client still re-reads the slot map after a connection error (redis-py does that
+as part of its retries): its pipelines then drop their connections, so the next call
+finds the new primary of a slot whose primary failed. A URL in
 an error message or a log line has its password masked (`redacted`).
 """
 
@@ -26,7 +29,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import redis.asyncio
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
@@ -113,7 +116,30 @@ def _cluster(url: str, **kwargs: Any) -> RedisCluster:
             f"{CLUSTER_SCHEME}://HOST:PORT[,HOST:PORT...], not {redacted(url)!r}"
         )
     nodes = [ClusterNode(host, port) for host, port in _hosts(netloc, DEFAULT_PORT, url)]
-    return RedisCluster(startup_nodes=nodes, **_credentials(netloc), **kwargs)
+    return _Cluster(startup_nodes=nodes, **_credentials(netloc), **kwargs)
+
+
+class _Cluster(RedisCluster):
+    """A cluster client whose pipelines, on a connection error, forget the connections and
+    the slot map (re-read on the next call) and raise, instead of re-sending."""
+
+    def pipeline(
+        self, transaction: Any | None = None, shard_hint: Any | None = None
+    ) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # which refuses it
+        return _ClusterPipeline(self, transaction)  # type: ignore[abstract]
+
+
+class _ClusterPipeline(ClusterPipeline):
+    async def execute(
+        self, raise_on_error: bool = True, allow_redirections: bool = True
+    ) -> list[Any]:
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except RedisCluster.ERRORS_ALLOW_RETRY:
+            await self.cluster_client.aclose()  # the next call re-reads the slot map
+            raise
 
 
 class _SentinelPrimary(redis.asyncio.Redis):

@@ -15,6 +15,7 @@ from dedup.client import DedupProducer
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
 from tests.support.ports import ADMIN_AUTH
+from tests.support.proxies import own_proxy
 from tests.support.topics import new_topic
 
 pytestmark = pytest.mark.integration
@@ -30,18 +31,13 @@ def guarded(
     home = tmp_path_factory.mktemp("admin-auth")
     tokens = home / "tokens"
     tokens.write_text(f"# scope token\nadmin {ADMIN}\n")
-    process = ProxyProcess(
-        upstream=local_env.bootstrap,
-        listen_port=ADMIN_AUTH.listen,
-        admin_port=ADMIN_AUTH.admin,
-        extra_args=["--broker-port-base", str(ADMIN_AUTH.broker_base)],
-        env={
-            "DEDUP_PROXY_REDIS": local_env.redis,
-            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"{redis_key_prefix}-admin-auth",
-            "DEDUP_PROXY_ADMIN_TOKENS_FILE": str(tokens),
-            "DEDUP_PROXY_ADMIN_TOKENS": f"read:{READER}",
-        },
-        log_path=home / "proxy.log",
+    process = own_proxy(
+        local_env,
+        ADMIN_AUTH,
+        f"{redis_key_prefix}-admin-auth",
+        home / "proxy.log",
+        DEDUP_PROXY_ADMIN_TOKENS_FILE=str(tokens),
+        DEDUP_PROXY_ADMIN_TOKENS=f"read:{READER}",
     ).start()
     yield process
     assert process.stop() == 0

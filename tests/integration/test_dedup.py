@@ -37,6 +37,7 @@ from proxy.kafka.schemas import decode_response_body
 from proxy.kafka.upstream_client import encode_request
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all, values
 from tests.support.ports import IDLE_PURGE, RELAY_BOOTSTRAP, RELAY_BROKER_BASE, RELAYED
+from tests.support.proxies import own_proxy
 from tests.support.proxy_api import admin_call
 from tests.support.raw import (
     explicit_batch,
@@ -480,17 +481,12 @@ def test_java_idempotent_verifiable_producer_through_cuts(
 def test_idle_producers_are_purged(
     local_env: EnvInfo, tmp_path: Any, redis_key_prefix: str
 ) -> None:
-    proxy = ProxyProcess(
-        upstream=local_env.bootstrap,
-        listen_port=IDLE_PURGE.listen,
-        admin_port=IDLE_PURGE.admin,
-        extra_args=["--broker-port-base", str(IDLE_PURGE.broker_base)],
-        env={
-            "DEDUP_PROXY_REDIS": local_env.redis,
-            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"{redis_key_prefix}-idle",
-            "DEDUP_PROXY_PRODUCER_IDLE_TIMEOUT_S": "2",
-        },
-        log_path=tmp_path / "proxy.log",
+    proxy = own_proxy(
+        local_env,
+        IDLE_PURGE,
+        f"{redis_key_prefix}-idle",
+        tmp_path / "proxy.log",
+        DEDUP_PROXY_PRODUCER_IDLE_TIMEOUT_S="2",
     ).start()
     try:
         topic = new_topic(local_env.bootstrap)

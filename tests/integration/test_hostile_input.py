@@ -9,10 +9,13 @@ the figures are the benchmarks' (`benchmarks/stall.py`), not the tests'.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -22,14 +25,17 @@ from deploy.local import EnvInfo
 from proxy.kafka.upstream_client import encode_request
 from tests.support.kafka_io import assert_exactly_once_in_order, values
 from tests.support.ports import JUMP_BOUND
+from tests.support.proxies import own_proxy
 from tests.support.raw import (
     bomb_batch,
     explicit_batch,
+    produce_once,
     produce_raw,
     produce_request,
     read_response,
 )
 from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -126,17 +132,12 @@ def test_a_bomb_is_refused_quickly_and_other_connections_go_on(
 def jump_bounded(
     local_env: EnvInfo, tmp_path_factory: pytest.TempPathFactory, redis_key_prefix: str
 ) -> Iterator[ProxyProcess]:
-    process = ProxyProcess(
-        upstream=local_env.bootstrap,
-        listen_port=JUMP_BOUND.listen,
-        admin_port=JUMP_BOUND.admin,
-        extra_args=["--broker-port-base", str(JUMP_BOUND.broker_base)],
-        env={
-            "DEDUP_PROXY_REDIS": local_env.redis,
-            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"{redis_key_prefix}-jump",
-            "DEDUP_PROXY_MAX_SEQUENCE_JUMP": "1000",
-        },
-        log_path=tmp_path_factory.mktemp("jump") / "proxy.log",
+    process = own_proxy(
+        local_env,
+        JUMP_BOUND,
+        f"{redis_key_prefix}-jump",
+        tmp_path_factory.mktemp("jump") / "proxy.log",
+        DEDUP_PROXY_MAX_SEQUENCE_JUMP="1000",
     ).start()
     yield process
     assert process.stop() == 0
@@ -161,3 +162,31 @@ def test_a_forged_huge_sequence_is_refused_and_the_real_producer_goes_on(
         loader.send(topic, str(sequence).encode(), sequence_id=sequence)
     assert loader.flush(60) == 0
     assert_exactly_once_in_order(values(local_env.bootstrap, topic), 200)
+
+
+def test_a_partition_that_cannot_recover_holds_back_no_other(
+    jump_bounded: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """Any client can name a partition that does not exist: its recovery fails, is retried
+    with a backoff of its own and reported, and the topic's real partition is written."""
+    topic = new_topic(local_env.bootstrap)  # one partition: 0
+    ghost = produce_once(jump_bounded, produce_request(topic, {7: explicit_batch([("g", 0)])}))
+    assert ghost.error_code != 0, ghost
+    producer = DedupProducer(jump_bounded.bootstrap, "real")
+    for sequence in range(50):
+        producer.send(topic, str(sequence).encode(), sequence_id=sequence, partition=0)
+    assert producer.flush(60) == 0
+    assert_exactly_once_in_order(values(local_env.bootstrap, topic), 50)
+    listed: list[Any] = []
+
+    def reported() -> bool:
+        with urllib.request.urlopen(jump_bounded.admin_url + "/v1/snapshots", timeout=30) as r:
+            listed[:] = [p for p in json.load(r)["partitions"] if p["topic"] == topic]
+        return any(p["partition"] == 7 and p["recovery_failing"] for p in listed)
+
+    wait_until(reported, 60, lambda: f"partition 7's failing recovery is reported: {listed}")
+    (ghost_row,) = [p for p in listed if p["partition"] == 7]
+    assert ghost_row["recovery_failing"]["failures"] >= 1
+    assert ghost_row["recovery_failing"]["last_error"]
+    (real_row,) = [p for p in listed if p["partition"] == 0]
+    assert real_row["recovered"] and real_row["recovery_failing"] is None

@@ -172,6 +172,11 @@ def produce_raw(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any:
         time.sleep(0.1)
 
 
+def produce_once(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any:
+    """Send one Produce request; the partition's answer, whatever it is (no retry)."""
+    return _produce_once(proxy, request)
+
+
 def _produce_once(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any:
     port = proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:

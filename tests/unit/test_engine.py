@@ -974,6 +974,20 @@ async def test_a_partition_whose_recovery_fails_is_retried_while_the_others_open
         assert sum(P1 in call for call in rig.recovery.calls) == 4
 
 
+async def test_a_partition_whose_recovery_keeps_failing_is_reported_with_its_error() -> None:
+    async with running(retry_s=(0.05, 0.05)) as rig:
+        rig.recovery.failing[P1] = 1_000
+        refused = await rig.send((P1, records("q", [0])))
+        assert retriable_not_written(refused[P1])
+        assert ok((await rig.send((P0, records("p", [0]))))[P0]), "the other one opens"
+        failing = rig.scheduler.failing()
+        assert list(failing) == [P1]
+        assert failing[P1]["failures"] >= 1 and failing[P1]["last_error"]
+        rig.recovery.failing[P1] = 0
+        assert ok((await rig.send((P1, records("q", [0]))))[P1])
+        assert rig.scheduler.failing() == {}
+
+
 async def test_one_partition_failing_its_whole_recovery_batch_does_not_starve_the_rest() -> None:
     """Before: after the batch failed, the bad partition (first in the queue) was retried
     alone, again and again; the others were never tried."""

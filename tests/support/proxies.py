@@ -1,0 +1,28 @@
+"""A dedup proxy process of a test's own: its ports, its own Redis key prefix, settings as
+``DEDUP_PROXY_*`` variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deploy.launcher import ProxyProcess
+from deploy.local import EnvInfo
+from tests.support.ports import ProxyPorts
+
+
+def own_proxy(
+    env: EnvInfo, ports: ProxyPorts, key_prefix: str, log_path: Path, **settings: str
+) -> ProxyProcess:
+    """Not started: call ``.start()`` (and ``.stop()``)."""
+    return ProxyProcess(
+        upstream=env.bootstrap,
+        listen_port=ports.listen,
+        admin_port=ports.admin,
+        extra_args=["--broker-port-base", str(ports.broker_base)],
+        env={
+            "DEDUP_PROXY_REDIS": env.redis,
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": key_prefix,
+            **settings,
+        },
+        log_path=log_path,
+    )
