@@ -10,7 +10,9 @@ own round trip), so a re-send right after an acknowledgement reads as the duplic
 is. Under load that halves the proxy's Redis calls. Until an update lands, a re-send of an
 acknowledged record reads as UNKNOWN (refused, retried), never as new; every reader that
 needs the exact value (the reset after a failed write, the admin API, shutdown, a snapshot)
-calls `flush` first.
+calls `flush` first, which waits for what was queued before it only (each queued entry
+carries a future resolved once it is in Redis), so a steady stream of acknowledgements
+never holds a reader back.
 
 Each update carries the partition's recovery token. If Redis no longer holds it (flushed,
 restarted empty, replaced), nothing is recorded and `on_lost` is told: the recovery that
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import structlog
 from redis.exceptions import RedisError
@@ -51,12 +53,15 @@ class PersistedRecorder:
         self._hurry = asyncio.Event()  # set by `flush`: a reader waits, write without lingering
         self._on_lost = on_lost
         self._clock = clock or SystemClock()
+        # What is queued, per partition and token, and the future resolved once it is in
+        # Redis (by the flusher, or by a check that took it).
         self._pending: dict[_Key, dict[str, Persisted]] = {}
-        self._taken: dict[int, list[_Key]] = {}  # id(Acked) -> its keys, on their way
+        self._pending_done: dict[_Key, asyncio.Future[None]] = {}
         self._writing: dict[_Key, dict[str, Persisted]] = {}  # the flusher's write under way
+        self._writing_done: list[asyncio.Future[None]] = []
+        # id(Acked) -> its keys, and the futures of those it took from the queue
+        self._taken: dict[int, tuple[list[_Key], dict[_Key, asyncio.Future[None]]]] = {}
         self._flusher: asyncio.Task[None] | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     def add(
         self, topic: str, partition: int, highest: Mapping[str, Persisted], token: str = ""
@@ -65,27 +70,18 @@ class PersistedRecorder:
         the partition still holds `token` (s: a sequence, or a chunk's position)."""
         if not highest:
             return
-        self._merge({(topic, partition, token): dict(highest)})
+        self._queue((topic, partition, token), highest, None)
         self._ensure_flusher()
-
-    def _ensure_flusher(self) -> None:
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_all(), name="persisted-flusher")
-
-    def _settle(self) -> None:
-        """Idle once nothing is queued, being written, or on its way with a check."""
-        flushing = self._flusher is not None and not self._flusher.done()
-        if not self._pending and not self._taken and not flushing:
-            self._hurry.clear()
-            self._idle.set()
 
     def take(self, partitions: set[tuple[str, int]]) -> Acked | None:
         """The updates queued for these partitions, for a check to record first (hand the
         result back with `taken_done`); None when there is none. Those of the flusher's
         write under way go too (a copy): that write may land after the check."""
         taken = {key: self._writing[key] for key in self._writing if key[:2] in partitions}
+        done: dict[_Key, asyncio.Future[None]] = {}
         for key in [key for key in self._pending if key[:2] in partitions]:
             taken[key] = _highest(taken.get(key, {}), self._pending.pop(key))
+            done[key] = self._pending_done.pop(key)
         if not taken:
             return None
         keys = list(taken)
@@ -96,33 +92,48 @@ class PersistedRecorder:
             ],
             [token or None for _, _, token in keys],
         )
-        self._taken[id(acked)] = keys
+        self._taken[id(acked)] = (keys, done)
         return acked
 
     def taken_done(self, acked: Acked) -> None:
         """What became of updates handed out by `take`: recorded (`acked.lost` set), or
         queued again for the flusher (recording twice is harmless)."""
-        keys = self._taken.pop(id(acked))
+        keys, done = self._taken.pop(id(acked))
         if acked.lost is None:
-            self._merge(
-                {key: highest for key, (_, _, highest) in zip(keys, acked.updates, strict=True)}
-            )
+            # Queued again: their readers now wait for the flusher's write of them.
+            for key, (_, _, highest) in zip(keys, acked.updates, strict=True):
+                self._queue(key, highest, done.get(key))
             self._ensure_flusher()
-        elif self._on_lost is not None:
+            return
+        if self._on_lost is not None:
             for i in acked.lost:
                 self._on_lost(*keys[i])
-        self._settle()
+        _resolve(done.values())
 
     async def flush(self) -> None:
-        """Return once everything added so far is in Redis."""
-        if not self._idle.is_set():
+        """Return once everything added so far is in Redis (what is added meanwhile is not
+        waited for)."""
+        waits = [
+            *self._pending_done.values(),
+            *self._writing_done,
+            *(f for _, done in self._taken.values() for f in done.values()),
+        ]
+        if waits:
             self._hurry.set()
-        await self._idle.wait()
+            await asyncio.gather(*waits)
 
-    def _merge(self, updates: Mapping[_Key, Mapping[str, Persisted]]) -> None:
-        self._idle.clear()
-        for key, highest in updates.items():
-            self._pending[key] = _highest(self._pending.get(key, {}), highest)
+    def _queue(
+        self, key: _Key, highest: Mapping[str, Persisted], done: asyncio.Future[None] | None
+    ) -> None:
+        self._pending[key] = _highest(self._pending.get(key, {}), highest)
+        if key not in self._pending_done:
+            self._pending_done[key] = asyncio.get_running_loop().create_future()
+        if done is not None:
+            _chain(self._pending_done[key], done)
+
+    def _ensure_flusher(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_all(), name="persisted-flusher")
 
     async def _linger(self) -> None:
         """Let the acks of requests already in flight join this write (unless a reader
@@ -138,8 +149,10 @@ class PersistedRecorder:
             await self._linger()
             if not self._pending:  # taken meanwhile by checks (`take`)
                 break
+            self._hurry.clear()
             batch, self._pending = self._pending, {}
-            self._writing = batch
+            done, self._pending_done = self._pending_done, {}
+            self._writing, self._writing_done = batch, list(done.values())
             keys = list(batch)
             try:
                 lost = await self._state.mark_persisted(
@@ -150,21 +163,32 @@ class PersistedRecorder:
                     self._clock.clock_ms(),
                     [token or None for _, _, token in keys],
                 )
-                delay = self._retry_backoff_s
-                self._writing = {}
             except RedisError as exc:
-                self._writing = {}
                 # Never dropped: until it lands, re-sends are refused, not duplicated.
                 log.error("could not record persisted sequences; retrying", error=str(exc))
-                self._merge(batch)
+                self._writing, self._writing_done = {}, []
+                for key, highest in batch.items():
+                    self._queue(key, highest, done[key])
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
+            self._writing, self._writing_done = {}, []
+            delay = self._retry_backoff_s
             if self._on_lost is not None:
                 for i in lost:
                     self._on_lost(*keys[i])
-        self._flusher = None  # done: `_settle` must not wait for this very task
-        self._settle()
+            _resolve(done.values())
+
+
+def _chain(source: asyncio.Future[None], target: asyncio.Future[None]) -> None:
+    """`target` resolves when `source` does."""
+    source.add_done_callback(lambda _: _resolve([target]))
+
+
+def _resolve(futures: Iterable[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
 
 
 def _highest(known: Mapping[str, Persisted], more: Mapping[str, Persisted]) -> dict[str, Persisted]:

@@ -503,9 +503,9 @@ async def test_persisted_recorder_keeps_the_highest_position() -> None:
 
     recorder = PersistedRecorder(State())  # type: ignore[arg-type]
     chunk1 = ChunkProgress(5, "u", 1, 3, 9, 6)
-    recorder._merge({("t", 0, ""): {"p": ChunkProgress(5, "u", 0, 3, 9, 3)}})
-    recorder._merge({("t", 0, ""): {"p": chunk1, "q": 4}})
-    recorder._merge({("t", 0, ""): {"p": 4, "q": ChunkProgress(4, "v", 0, 2, 2, 1)}})
+    recorder.add("t", 0, {"p": ChunkProgress(5, "u", 0, 3, 9, 3)})
+    recorder.add("t", 0, {"p": chunk1, "q": 4})
+    recorder.add("t", 0, {"p": 4, "q": ChunkProgress(4, "v", 0, 2, 2, 1)})
     assert recorder._pending == {("t", 0, ""): {"p": chunk1, "q": 4}}
-    recorder._merge({("t", 0, ""): {"p": 5}})
+    recorder.add("t", 0, {"p": 5})
     assert recorder._pending[("t", 0, "")]["p"] == 5

@@ -17,10 +17,11 @@ pytestmark = pytest.mark.unit
 class FakeState:
     """Records mark_persisted calls; the first one waits for a gate, one may fail."""
 
-    def __init__(self, fail_first: bool = False) -> None:
+    def __init__(self, fail_first: bool = False, round_trip_s: float = 0.0) -> None:
         self.calls: list[list[tuple[str, int, dict[str, int]]]] = []
         self.gate = asyncio.Event()
         self.fail_first = fail_first
+        self.round_trip_s = round_trip_s
 
     async def mark_persisted(
         self,
@@ -29,6 +30,8 @@ class FakeState:
         tokens: Sequence[str | None] | None = None,
     ) -> list[int]:
         await self.gate.wait()
+        if self.round_trip_s:
+            await asyncio.sleep(self.round_trip_s)
         if self.fail_first:
             self.fail_first = False
             raise RedisConnectionError("down")
@@ -173,3 +176,36 @@ def test_a_check_takes_a_copy_of_the_flushers_write_under_way() -> None:
         assert state.calls == [[("t", 0, {"a": 1})]]  # the flusher's own write still lands
 
     asyncio.run(scenario())
+
+
+def test_a_flush_waits_for_what_was_added_before_it_not_after() -> None:
+    """Under a steady stream of acknowledgements the queue is never empty: a reader (a
+    snapshot, a reset, a handoff) must still get through."""
+
+    async def scenario() -> bool:
+        state = FakeState(round_trip_s=0.003)
+        state.gate.set()
+        recorder = PersistedRecorder(state, linger_s=0.005)  # type: ignore[arg-type]
+        recorder.add("t", 0, {"a": 0})
+        stop = asyncio.Event()
+
+        async def stream() -> None:
+            n = 1
+            while not stop.is_set():
+                recorder.add("t", n % 3, {"a": n})
+                n += 1
+                await asyncio.sleep(0.001)
+
+        streaming = asyncio.create_task(stream())
+        await asyncio.sleep(0.02)
+        flushed = asyncio.create_task(recorder.flush())
+        done, _ = await asyncio.wait(
+            {flushed, streaming}, timeout=10, return_when=asyncio.FIRST_COMPLETED
+        )
+        still_streaming = not streaming.done()
+        stop.set()
+        await streaming
+        assert flushed in done, "the flush waited for the stream to stop"
+        return still_streaming
+
+    assert asyncio.run(scenario())
