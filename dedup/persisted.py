@@ -120,7 +120,9 @@ class PersistedRecorder:
         ]
         if waits:
             self._hurry.set()
-            await asyncio.gather(*waits)
+            # asyncio.wait, not gather: a reader that gives up (a timeout) must not cancel
+            # futures other readers wait on.
+            await asyncio.wait(waits)
 
     def _queue(
         self, key: _Key, highest: Mapping[str, Persisted], done: asyncio.Future[None] | None

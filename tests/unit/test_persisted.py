@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -209,3 +210,19 @@ def test_a_flush_waits_for_what_was_added_before_it_not_after() -> None:
         return still_streaming
 
     assert asyncio.run(scenario())
+
+
+def test_a_reader_that_gives_up_leaves_the_others_waiting() -> None:
+    async def scenario() -> None:
+        state = FakeState()  # shut: the write waits
+        recorder = PersistedRecorder(state, linger_s=0)  # type: ignore[arg-type]
+        recorder.add("t", 0, {"a": 1})
+        patient = asyncio.create_task(recorder.flush())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(recorder.flush(), 0.05)  # gives up
+        assert not patient.done()
+        state.gate.set()
+        await asyncio.wait_for(patient, 5)  # not cancelled with the other one
+        assert state.calls == [[("t", 0, {"a": 1})]]
+
+    asyncio.run(scenario())
