@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 
 from proxy.kafka.topology import Endpoint
-from proxy.kafka.upstream_client import UpstreamClient
+from proxy.kafka.upstream_client import PLAINTEXT, LinkSecurity, UpstreamClient
 
 
 class UpstreamLinks:
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, security: LinkSecurity = PLAINTEXT) -> None:
         self._timeout_s = timeout_s
+        self._security = security
         self._links: dict[Endpoint, UpstreamClient] = {}
         self._locks: dict[Endpoint, asyncio.Lock] = {}
 
@@ -24,7 +25,7 @@ class UpstreamLinks:
         async with self._locks.setdefault(endpoint, asyncio.Lock()):  # one connect at a time
             link = self._links.get(endpoint)
             if link is None or not link.is_open:
-                link = await UpstreamClient(endpoint, self._timeout_s).connect()
+                link = await UpstreamClient(endpoint, self._timeout_s, self._security).connect()
                 self._links[endpoint] = link
             return link
 

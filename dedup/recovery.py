@@ -33,7 +33,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -104,7 +104,10 @@ class Recovery:
         max_producers: int,
         parallel_replays: int = 4,
         replay_timeout_s: float = 60.0,
+        kafka_config: Mapping[str, str] | None = None,
     ) -> None:
+        """``kafka_config``: librdkafka settings added to its consumers' (security)."""
+        self._kafka_config = dict(kafka_config or {})
         self._owners = owners
         self._writer = writer
         self._store = store
@@ -212,6 +215,7 @@ class Recovery:
                 self._headers,
                 progress=_progress_logger(topic, partition, end),
                 timeout_s=self._replay_timeout_s,
+                config=self._kafka_config,
                 chunks=None
                 if snapshot is None
                 else {p: c.progress for p, c in snapshot.chunks.items()},
@@ -327,6 +331,7 @@ class Recovery:
                 # transaction must not hide the proxy's own later writes from the replay.
                 "isolation.level": "read_uncommitted",
                 "allow.auto.create.topics": False,
+                **self._kafka_config,
             }
         )
         try:

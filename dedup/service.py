@@ -31,6 +31,7 @@ from dedup.snapshotter import SnapshotPolicy, Snapshotter
 from dedup.state import DedupState, clock_ms
 from dedup.writer import IdempotentWriter, LeaderLookup
 from proxy.kafka.topology import Endpoint
+from proxy.runtime.security import UpstreamSecurity
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +46,7 @@ class UpstreamAccess:
     """What dedup needs of the Kafka cluster behind the proxy, given by the runtime."""
 
     bootstrap_servers: list[str]
+    security: UpstreamSecurity  # how every connection to Kafka is made
     instance_id: str  # stable per proxy instance: the root of its transactional id
     connect_timeout_s: float
     known_upstreams: Callable[[], Sequence[Endpoint]]
@@ -69,6 +71,7 @@ class DedupService:
             settings.redis,
             socket_timeout=settings.redis_timeout_s,
             socket_connect_timeout=settings.redis_connect_timeout_s,
+            **settings.redis_tls,
         )
         prefix = settings.redis_key_prefix
         self.state = DedupState(
@@ -84,7 +87,8 @@ class DedupService:
             cache_s=settings.policy_cache_s,
         )
         # One connection per broker for the proxy's own writes and its fencing.
-        self.links = UpstreamLinks(upstream.connect_timeout_s)
+        self.links = UpstreamLinks(upstream.connect_timeout_s, upstream.security.link())
+        kafka_config = upstream.security.librdkafka()
         incarnation = uuid.uuid4().hex
         me = Member(
             upstream.instance_id,
@@ -115,7 +119,10 @@ class DedupService:
         )
         servers = ",".join(upstream.bootstrap_servers)
         self.snapshots = SnapshotStore(
-            servers, settings.snapshot_topic, partitions=settings.snapshot_topic_partitions
+            servers,
+            settings.snapshot_topic,
+            partitions=settings.snapshot_topic_partitions,
+            kafka_config=kafka_config,
         )
         headers = IdentityHeaders(settings.dedup_producer_header, settings.dedup_sequence_header)
         self.recoveries = RecoveryScheduler(
@@ -137,6 +144,7 @@ class DedupService:
                 ),
                 max_producers=settings.max_producers_per_snapshot,
                 replay_timeout_s=settings.replay_timeout_s,
+                kafka_config=kafka_config,
             )
         )
         self.engine = DedupEngine(
@@ -235,6 +243,7 @@ class DedupService:
                 {
                     "bootstrap.servers": ",".join(self.upstream.bootstrap_servers),
                     "allow.auto.create.topics": False,  # asking must not create it
+                    **self.upstream.security.librdkafka(),
                 }
             )
             found = admin.list_topics(topic, timeout=10).topics.get(topic)

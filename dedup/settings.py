@@ -6,6 +6,7 @@ Same sources and ``DEDUP_PROXY_`` prefix as the runtime's `ProxySettings`; the a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -31,6 +32,15 @@ class DedupSettings(BaseSettings):
     redis_connect_timeout_s: float = Field(
         default=2.0, gt=0, description="connecting to Redis (each Sentinel at most 1 s)"
     )
+    redis_tls_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CA bundle that Redis's certificate chains to (a rediss:// URL; "
+        "default: the system's)",
+    )
+    redis_tls_cert_file: Path | None = Field(
+        default=None, description="PEM client certificate, for a Redis that asks for one"
+    )
+    redis_tls_key_file: Path | None = Field(default=None, description="its PEM private key")
     dedup: bool = Field(
         default=True,
         description="dedup for topics without a policy (the proxy-wide default; --no-dedup)",
@@ -137,4 +147,22 @@ class DedupSettings(BaseSettings):
             raise ValueError("placement 'sidecar' needs local_broker_id (--local-broker-id)")
         if self.heartbeat_s * 3 > self.lease_ttl_s:
             raise ValueError("lease_ttl_s must be at least three heartbeats (heartbeat_s)")
+        files = (self.redis_tls_ca_file, self.redis_tls_cert_file, self.redis_tls_key_file)
+        if any(files) and not self.redis.lower().startswith("rediss://"):
+            raise ValueError("redis_tls_* settings need a rediss:// Redis URL")
+        if (self.redis_tls_cert_file is None) != (self.redis_tls_key_file is None):
+            raise ValueError("redis_tls_cert_file and redis_tls_key_file go together")
+        for path in files:
+            if path is not None and not path.is_file():
+                raise ValueError(f"{path} (a redis_tls_* setting) is not a file")
         return self
+
+    @property
+    def redis_tls(self) -> dict[str, str]:
+        """The redis-py settings of a rediss:// connection (empty: its defaults)."""
+        given = {
+            "ssl_ca_certs": self.redis_tls_ca_file,
+            "ssl_certfile": self.redis_tls_cert_file,
+            "ssl_keyfile": self.redis_tls_key_file,
+        }
+        return {name: str(path) for name, path in given.items() if path is not None}

@@ -412,7 +412,10 @@ class SnapshotStore:
         partitions: int = 1,
         replication_factor: int | None = None,
         timeout_s: float = 30.0,
+        kafka_config: Mapping[str, str] | None = None,
     ) -> None:
+        """``kafka_config``: librdkafka settings added to its clients' (security)."""
+        self._kafka_config = dict(kafka_config or {})
         if not bootstrap:
             raise ValueError("bootstrap must not be empty")
         check_topic_name(topic)
@@ -446,6 +449,7 @@ class SnapshotStore:
             "bootstrap.servers": self._bootstrap,
             "client.id": "dedup-snapshots",
             "allow.auto.create.topics": False,
+            **self._kafka_config,
         }
 
     def _admin_client(self) -> AdminClient:

@@ -19,6 +19,11 @@ CONTROLLER_PORT_OFFSET = 100
 # Brokers that advertise another address to clients (a fault-injecting proxy in front of
 # them) replicate over a listener of their own, this far above the client listeners.
 INTER_BROKER_PORT_OFFSET = 50
+# Every node also has a TLS client listener (SSL) and one that asks for SASL over TLS
+# (SASL_SSL), this far above its plaintext one.
+TLS_PORT_OFFSET = 30
+SASL_SSL_PORT_OFFSET = 40
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 MAX_BROKERS = 3
 # Proxies of `up --proxies N`: proxy i (1-based) owns the block of PROXY_PORT_BLOCK ports from
 # proxy_base - PROXY_ADMIN_BELOW + PROXY_PORT_BLOCK * (i - 1): its admin ports at the start
@@ -103,6 +108,14 @@ class Ports:
         """The port clients are told to use for node_id."""
         return self.advertised_base + node_id
 
+    def tls(self, node_id: int) -> int:
+        """The port of node_id's TLS client listener (advertised as itself)."""
+        return self.kafka_base + TLS_PORT_OFFSET + node_id
+
+    def sasl_ssl(self, node_id: int) -> int:
+        """The port of node_id's SASL_SSL client listener (advertised as itself)."""
+        return self.kafka_base + SASL_SSL_PORT_OFFSET + node_id
+
     def inter_broker(self, node_id: int) -> int | None:
         """The replication listener's port, when replication has a listener of its own."""
         if not self.advertises_elsewhere:
@@ -116,7 +129,8 @@ class Ports:
         """Every port node_id listens on."""
         replication = self.inter_broker(node_id)
         extra = [] if replication is None else [replication]
-        return [self.client(node_id), *extra, self.controller(node_id)]
+        secured = [self.tls(node_id), self.sasl_ssl(node_id)]
+        return [self.client(node_id), *secured, *extra, self.controller(node_id)]
 
 
 def _port(env: Mapping[str, str], name: str, default: int) -> int:
@@ -293,33 +307,77 @@ def replication_settings(brokers: int) -> dict[str, str]:
     }
 
 
-def listener_settings(node_id: int, ports: Ports) -> dict[str, str]:
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """The secured listeners': the key and certificate chain (PKCS#12), and the users of
+    SASL PLAIN (SCRAM users live in the cluster's metadata: `LocalEnvironment.up`)."""
+
+    keystore: Path
+    password: str
+    plain_users: Mapping[str, str]
+
+
+def listener_settings(
+    node_id: int, ports: Ports, security: KafkaSecurity | None = None
+) -> dict[str, str]:
     """The listeners of one node. Clients get PLAINTEXT, advertised at the port they must
     use; when that is not the node's own port, replication moves to an INTERNAL listener
-    advertised as itself, since brokers reach each other through advertised addresses."""
+    advertised as itself, since brokers reach each other through advertised addresses.
+    With `security`, clients also get SSL and SASL_SSL listeners, advertised as themselves."""
     client = f"PLAINTEXT://{HOST}:{ports.client(node_id)}"
     controller = f"CONTROLLER://{HOST}:{ports.controller(node_id)}"
     advertised = f"PLAINTEXT://{HOST}:{ports.advertised(node_id)}"
+    listeners, advertised_listeners = [client], [advertised]
+    protocols = ["PLAINTEXT:PLAINTEXT"]
+    settings: dict[str, str] = {}
     replication = ports.inter_broker(node_id)
-    if replication is None:
-        return {
-            "listeners": f"{client},{controller}",
-            "advertised.listeners": advertised,
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "inter.broker.listener.name": "PLAINTEXT",
+    if replication is not None:
+        internal = f"INTERNAL://{HOST}:{replication}"
+        listeners.append(internal)
+        advertised_listeners.append(internal)
+        protocols.append("INTERNAL:PLAINTEXT")
+    protocols.append("CONTROLLER:PLAINTEXT")
+    if security is not None:
+        for name, port in (("SSL", ports.tls(node_id)), ("SASL_SSL", ports.sasl_ssl(node_id))):
+            listeners.append(f"{name}://{HOST}:{port}")
+            advertised_listeners.append(f"{name}://{HOST}:{port}")
+            protocols.append(f"{name}:{name}")
+            prefix = f"listener.name.{name.lower()}."
+            settings |= {
+                f"{prefix}ssl.keystore.type": "PKCS12",
+                f"{prefix}ssl.keystore.location": str(security.keystore),
+                f"{prefix}ssl.keystore.password": security.password,
+                f"{prefix}ssl.key.password": security.password,
+            }
+        plain = " ".join(f'user_{user}="{pw}"' for user, pw in security.plain_users.items())
+        settings |= {
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms": ",".join(SASL_MECHANISMS),
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain};"
+            ),
+            **{
+                f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                )
+                for mechanism in SASL_MECHANISMS[1:]
+            },
         }
-    internal = f"INTERNAL://{HOST}:{replication}"
     return {
-        "listeners": f"{client},{internal},{controller}",
-        "advertised.listeners": f"{advertised},{internal}",
-        "listener.security.protocol.map": (
-            "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"
-        ),
-        "inter.broker.listener.name": "INTERNAL",
+        "listeners": ",".join([*listeners, controller]),
+        "advertised.listeners": ",".join(advertised_listeners),
+        "listener.security.protocol.map": ",".join(protocols),
+        "inter.broker.listener.name": "PLAINTEXT" if replication is None else "INTERNAL",
+        **settings,
     }
 
 
-def server_properties(node_id: int, brokers: int, ports: Ports, data_dir: Path) -> dict[str, str]:
+def server_properties(
+    node_id: int,
+    brokers: int,
+    ports: Ports,
+    data_dir: Path,
+    security: KafkaSecurity | None = None,
+) -> dict[str, str]:
     """server.properties of one combined broker+controller node."""
     check_broker_count(brokers)
     if not 0 <= node_id < brokers:
@@ -328,7 +386,7 @@ def server_properties(node_id: int, brokers: int, ports: Ports, data_dir: Path) 
         "process.roles": "broker,controller",
         "node.id": str(node_id),
         "controller.quorum.voters": quorum_voters(brokers, ports),
-        **listener_settings(node_id, ports),
+        **listener_settings(node_id, ports, security),
         "controller.listener.names": "CONTROLLER",
         "log.dirs": str(data_dir),
         "num.partitions": "1",

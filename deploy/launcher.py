@@ -6,10 +6,12 @@ operator runs, and the chaos tests can SIGKILL it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -44,6 +46,8 @@ class ProxyProcess:
     die_with_parent: bool = True
     # `serve --workers N`: worker i serves the admin API on admin_port + i.
     workers: int = 1
+    # The admin API speaks HTTPS (admin_tls_* settings): the CA its certificate chains to.
+    admin_ca_file: Path | None = None
     _process: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
 
@@ -53,7 +57,15 @@ class ProxyProcess:
 
     @property
     def admin_url(self) -> str:
-        return f"http://{self.host}:{self.admin_port}"
+        scheme = "http" if self.admin_ca_file is None else "https"
+        return f"{scheme}://{self.host}:{self.admin_port}"
+
+    @property
+    def admin_tls(self) -> ssl.SSLContext | None:
+        """For requests to an HTTPS admin API (None: plain HTTP)."""
+        if self.admin_ca_file is None:
+            return None
+        return ssl.create_default_context(cafile=self.admin_ca_file)
 
     @property
     def pid(self) -> int:
@@ -61,11 +73,12 @@ class ProxyProcess:
         return self._process.pid
 
     def worker_admin_urls(self) -> list[str]:
-        return [f"http://{self.host}:{self.admin_port + i}" for i in range(self.workers)]
+        base = self.admin_url.rsplit(":", 1)[0]
+        return [f"{base}:{self.admin_port + i}" for i in range(self.workers)]
 
     def worker_pids(self) -> list[int | None]:
         """The pid serving each worker's admin port (None: not answering)."""
-        return [_health_pid(_health(url)) for url in self.worker_admin_urls()]
+        return [_health_pid(_health(url, self.admin_tls)) for url in self.worker_admin_urls()]
 
     def command(self) -> list[str]:
         return [
@@ -98,11 +111,13 @@ class ProxyProcess:
 
     def health(self) -> dict[str, Any] | None:
         """The /healthz answer while healthy (200), else None."""
-        health = _health(self.admin_url)
+        health = _health(self.admin_url, self.admin_tls)
         return health if health is not None and health.get("status") == "ok" else None
 
     def metrics_text(self) -> str:
-        with urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=5) as answer:
+        with urllib.request.urlopen(
+            f"{self.admin_url}/metrics", timeout=5, context=self.admin_tls
+        ) as answer:
             text: str = answer.read().decode()
             return text
 
@@ -120,7 +135,7 @@ class ProxyProcess:
         raise TimeoutError(f"proxy not healthy after {timeout_s}s; log: {self.log_path}")
 
     def _healthy(self, admin_url: str) -> bool:
-        health = _health(admin_url)
+        health = _health(admin_url, self.admin_tls)
         if health is None:
             return False
         pid = _health_pid(health)
@@ -141,12 +156,22 @@ class ProxyProcess:
             try:
                 self._process.wait(timeout_s)
             except subprocess.TimeoutExpired:
+                self._dump_stacks()
                 self._process.kill()
                 self._process.wait()
         if self._log is not None:
             self._log.close()
             self._log = None
         return self._process.returncode
+
+    def _dump_stacks(self) -> None:
+        """Before a stuck proxy is killed: its tasks (SIGUSR2) and threads (SIGUSR1) in its
+        log, to show where it hung."""
+        assert self._process is not None
+        for sig in (signal.SIGUSR2, signal.SIGUSR1):
+            with contextlib.suppress(ProcessLookupError):
+                self._process.send_signal(sig)
+            time.sleep(1.0)
 
     def kill(self) -> None:
         """SIGKILL: the crash the chaos tests inject."""
@@ -166,10 +191,10 @@ class ProxyProcess:
         self.stop()
 
 
-def _health(admin_url: str) -> dict[str, Any] | None:
+def _health(admin_url: str, tls: ssl.SSLContext | None = None) -> dict[str, Any] | None:
     """The /healthz answer, healthy (200) or not (503); None if nothing answers."""
     try:
-        with urllib.request.urlopen(f"{admin_url}/healthz", timeout=2) as answer:
+        with urllib.request.urlopen(f"{admin_url}/healthz", timeout=2, context=tls) as answer:
             body: dict[str, Any] = json.load(answer)
             return body
     except urllib.error.HTTPError as exc:  # 503: serving, but not healthy (yet)

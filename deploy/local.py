@@ -38,7 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 
 from deploy import config, paths
 from deploy.config import DEFAULT_PROXY_PORT, HOST, REDIS_TOPOLOGIES, Ports, ProxyInstance
@@ -51,8 +56,10 @@ from deploy.processes import (
     tail,
     wait_port_closed,
 )
+from deploy.tls import LocalTls
 
 DEFAULT_REDIS_TOPOLOGY = "single"
+SCRAM_ITERATIONS = 4096
 
 STATE_VERSION = 1
 DEFAULT_START_TIMEOUT = 180.0
@@ -116,6 +123,9 @@ class EnvInfo:
     brokers: dict[int, str]
     redis: str
     proxies: tuple[ProxyInfo, ...] = ()  # `up --proxies N`: proxy-1..N in order
+    tls_bootstrap: str = ""  # the brokers' TLS listeners
+    sasl_ssl_bootstrap: str = ""  # their SASL_SSL listeners (users: `LocalTls.sasl_users`)
+    tls_dir: str = ""  # the environment's certificates (`deploy.tls.LocalTls`)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: {"bootstrap", "brokers" (node id as a string), "redis"}, and
@@ -125,6 +135,12 @@ class EnvInfo:
             "brokers": {str(node): address for node, address in sorted(self.brokers.items())},
             "redis": self.redis,
         }
+        if self.tls_bootstrap:
+            data |= {
+                "tls_bootstrap": self.tls_bootstrap,
+                "sasl_ssl_bootstrap": self.sasl_ssl_bootstrap,
+                "tls_dir": self.tls_dir,
+            }
         if self.proxies:
             data["proxies"] = [proxy.to_json() for proxy in self.proxies]
         return data
@@ -136,6 +152,9 @@ class EnvInfo:
             brokers={int(node): str(addr) for node, addr in dict(data["brokers"]).items()},
             redis=str(data["redis"]),
             proxies=tuple(ProxyInfo.from_json(p) for p in data.get("proxies") or []),
+            tls_bootstrap=str(data.get("tls_bootstrap", "")),
+            sasl_ssl_bootstrap=str(data.get("sasl_ssl_bootstrap", "")),
+            tls_dir=str(data.get("tls_dir", "")),
         )
 
 
@@ -214,6 +233,11 @@ class LocalEnvironment:
     @property
     def state_file(self) -> Path:
         return self.home / "state.json"
+
+    @property
+    def tls(self) -> LocalTls:
+        """The environment's certificates (the brokers' TLS listeners use them)."""
+        return LocalTls(self.home / "tls")
 
     def node_dir(self, node_id: int) -> Path:
         return self.home / "kafka" / f"node-{node_id}"
@@ -304,6 +328,11 @@ class LocalEnvironment:
         brokers = {node: f"{HOST}:{ports.advertised(node)}" for node in range(state.brokers)}
         return EnvInfo(
             bootstrap=",".join(brokers.values()),
+            tls_bootstrap=",".join(f"{HOST}:{ports.tls(n)}" for n in range(state.brokers)),
+            sasl_ssl_bootstrap=",".join(
+                f"{HOST}:{ports.sasl_ssl(n)}" for n in range(state.brokers)
+            ),
+            tls_dir=str(self.tls.directory),
             brokers=brokers,
             redis=config.redis_url(state.redis_topology, state.redis_port),
             proxies=tuple(ProxyInfo.of(proxy) for proxy in _proxy_plan(state)),
@@ -418,6 +447,7 @@ class LocalEnvironment:
             self._start_redis_processes(state)
             deadline = time.monotonic() + timeout
             self._wait_for_brokers(state, set(nodes), set(nodes), deadline)
+            self._ensure_scram_users(state)
             self._wait_for_redis(state, deadline)
             state = dataclasses.replace(
                 state,
@@ -674,7 +704,11 @@ class LocalEnvironment:
     def _write_node_config(self, state: _State, node_id: int) -> Path:
         node = self.node_dir(node_id)
         (node / "logs").mkdir(parents=True, exist_ok=True)
-        props = config.server_properties(node_id, state.brokers, _ports(state), node / "data")
+        tls = self.tls.ensure()
+        security = config.KafkaSecurity(tls.keystore_file, tls.keystore_password, tls.sasl_users)
+        props = config.server_properties(
+            node_id, state.brokers, _ports(state), node / "data", security
+        )
         path = node / "server.properties"
         header = f"Local Kafka node {node_id} of {state.brokers}, cluster {state.cluster_id}."
         path.write_text(config.render_properties(props, header))
@@ -761,6 +795,24 @@ class LocalEnvironment:
                     f"{sorted(must_list)} in their metadata",
                 )
             time.sleep(0.25)
+
+    def _ensure_scram_users(self, state: _State) -> None:
+        """The SASL users' SCRAM credentials (both mechanisms), in the cluster's metadata:
+        asked on the plaintext listener; setting them again is harmless."""
+        admin = AdminClient({"bootstrap.servers": f"{HOST}:{_ports(state).client(0)}"})
+        # One mechanism per request: Kafka refuses a user altered twice in one.
+        for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512):
+            upserts: list[Any] = [
+                UserScramCredentialUpsertion(
+                    user, ScramCredentialInfo(mechanism, SCRAM_ITERATIONS), password.encode()
+                )
+                for user, password in self.tls.sasl_users.items()
+            ]
+            for user, done in admin.alter_user_scram_credentials(upserts).items():
+                try:
+                    done.result(timeout=30)
+                except Exception as exc:
+                    raise LocalEnvError(f"could not create SCRAM user {user}: {exc}") from exc
 
     # --- Redis --------------------------------------------------------------------------
 

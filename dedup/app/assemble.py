@@ -31,7 +31,8 @@ class AssembledProxy:
 
 def assemble(settings: Settings) -> AssembledProxy:
     topology = topology_of(settings)
-    cluster = UpstreamCluster(topology, settings.upstream_connect_timeout_s)
+    security = settings.upstream_security
+    cluster = UpstreamCluster(topology, settings.upstream_connect_timeout_s, security.link())
     filters = standard_filters()
     if settings.pass_through:
         return AssembledProxy(ProxyServer(settings, cluster, FilterChain(filters)))
@@ -39,6 +40,7 @@ def assemble(settings: Settings) -> AssembledProxy:
         settings,
         UpstreamAccess(
             bootstrap_servers=list(settings.upstream),
+            security=security,
             instance_id=settings.effective_instance_id,
             connect_timeout_s=settings.upstream_connect_timeout_s,
             known_upstreams=cluster.known_upstreams,

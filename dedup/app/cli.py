@@ -77,7 +77,7 @@ def serve(
     log_format: Annotated[str | None, typer.Option(help="json or console")] = None,
 ) -> None:
     """Run the proxy in front of a Kafka cluster until SIGINT or SIGTERM."""
-    from proxy.runtime.lifecycle import install_event_loop
+    from proxy.runtime.lifecycle import install_event_loop, install_stack_dumps
 
     try:
         settings = load_settings(
@@ -106,6 +106,7 @@ def serve(
 
         raise typer.Exit(run_workers(settings, config))
     install_event_loop()
+    install_stack_dumps()
     try:
         asyncio.run(_serve(settings))
     except DuplicateInstance as exc:

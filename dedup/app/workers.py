@@ -38,6 +38,7 @@ from types import FrameType
 from typing import Any
 
 import structlog
+from pydantic import SecretStr
 from pydantic_settings import NoDecode
 
 from dedup.app.settings import Settings
@@ -108,6 +109,10 @@ def settings_environment(settings: Settings, overrides: Mapping[str, Any]) -> di
     """``DEDUP_PROXY_<FIELD>`` variables that give a process exactly these settings (with
     ``overrides``): the supervisor's file, environment and flags, resolved once."""
     values = {**settings.model_dump(mode="json"), **overrides}
+    for name in type(settings).model_fields:  # a dump masks secrets: the workers need them
+        secret = getattr(settings, name)
+        if isinstance(secret, SecretStr) and name not in overrides:
+            values[name] = secret.get_secret_value()
     environment: dict[str, str] = {}
     for name, field in type(settings).model_fields.items():
         value = values.get(name)

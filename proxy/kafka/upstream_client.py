@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import io
 import itertools
+import ssl
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, cast
 
 from kio.schema.metadata.v12.request import MetadataRequest
@@ -19,6 +21,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 from kio.serial import entity_writer
 from kio.static.primitive import i32
 
+from proxy.kafka.sasl import SaslCredentials, authenticate
 from proxy.kafka.schemas import decode_response_body, encode_body, response_header_is_flexible
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.wire import FrameError, correlation_id_of, read_frame, response_body_start
@@ -46,12 +49,26 @@ def encode_request(payload: Any, correlation_id: int, client_id: str = CLIENT_ID
     return len(message).to_bytes(4, "big") + message
 
 
+@dataclass(frozen=True, slots=True)
+class LinkSecurity:
+    """How the proxy's own connections to Kafka are secured: TLS, and SASL credentials."""
+
+    tls: ssl.SSLContext | None = None
+    sasl: SaslCredentials | None = None
+
+
+PLAINTEXT = LinkSecurity()
+
+
 class UpstreamClient:
     """One connection to one broker with pipelined kio requests."""
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
+    def __init__(
+        self, endpoint: Endpoint, timeout_s: float, security: LinkSecurity = PLAINTEXT
+    ) -> None:
         self.endpoint = endpoint
         self._timeout_s = timeout_s
+        self._security = security
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._waiting: deque[tuple[int, Any, asyncio.Future[Any]]] = deque()
@@ -60,9 +77,15 @@ class UpstreamClient:
 
     async def connect(self) -> UpstreamClient:
         reader, self._writer = await asyncio.wait_for(
-            asyncio.open_connection(self.endpoint.host, self.endpoint.port), self._timeout_s
+            open_upstream(self.endpoint, self._security.tls), self._timeout_s
         )
         self._reader_task = asyncio.create_task(self._read_answers(reader))
+        if self._security.sasl is not None:
+            try:
+                await authenticate(self.request, self._security.sasl, str(self.endpoint))
+            except BaseException:
+                await self.close()
+                raise
         return self
 
     @property
@@ -131,13 +154,27 @@ class UpstreamClient:
                 answer.exception()  # retrieved: a waiter that gave up must not warn
 
 
-async def fetch_brokers(endpoint: Endpoint, timeout_s: float) -> list[tuple[int, str, int]]:
+async def open_upstream(
+    endpoint: Endpoint, tls: ssl.SSLContext | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to a broker, over TLS when ``tls`` is given (the broker's host name is
+    what its certificate is checked against)."""
+    if tls is None:
+        return await asyncio.open_connection(endpoint.host, endpoint.port)
+    return await asyncio.open_connection(
+        endpoint.host, endpoint.port, ssl=tls, server_hostname=endpoint.host
+    )
+
+
+async def fetch_brokers(
+    endpoint: Endpoint, timeout_s: float, security: LinkSecurity = PLAINTEXT
+) -> list[tuple[int, str, int]]:
     """The brokers of the cluster as one broker reports them (a Metadata request, no topics)."""
     request = MetadataRequest(
         topics=(),
         allow_auto_topic_creation=False,
         include_topic_authorized_operations=False,
     )
-    async with UpstreamClient(endpoint, timeout_s) as client:
+    async with UpstreamClient(endpoint, timeout_s, security) as client:
         response = cast(MetadataResponse, await client.request(request))
     return [(int(b.node_id), b.host, int(b.port)) for b in response.brokers]

@@ -67,7 +67,10 @@ async def start_admin(server: ProxyServer, routes: Sequence[AdminRoutes] = ()) -
     runner = web.AppRunner(build_admin_app(server, routes), access_log=None)
     await runner.setup()
     endpoint = server.settings.admin_endpoint
-    await web.TCPSite(runner, endpoint.host, endpoint.port).start()
+    tls = server.settings.admin_tls
+    await web.TCPSite(
+        runner, endpoint.host, endpoint.port, ssl_context=tls.context() if tls else None
+    ).start()
     return runner
 
 

@@ -9,17 +9,21 @@ import structlog
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.types import TopicName
 
+from proxy.kafka.sasl import SaslFailed
 from proxy.kafka.topology import Endpoint, Topology
-from proxy.kafka.upstream_client import UpstreamClient, fetch_brokers
+from proxy.kafka.upstream_client import PLAINTEXT, LinkSecurity, UpstreamClient, fetch_brokers
 from proxy.runtime import metrics
 
 log = structlog.get_logger(__name__)
 
 
 class UpstreamCluster:
-    def __init__(self, topology: Topology, connect_timeout_s: float) -> None:
+    def __init__(
+        self, topology: Topology, connect_timeout_s: float, security: LinkSecurity = PLAINTEXT
+    ) -> None:
         self.topology = topology
         self._connect_timeout_s = connect_timeout_s
+        self._security = security
         self.last_refresh_ok: float | None = None  # event loop time of the last good refresh
 
     def known_upstreams(self) -> list[Endpoint]:
@@ -29,7 +33,11 @@ class UpstreamCluster:
         """Ask the upstream cluster for its brokers; True when one of them answered."""
         for endpoint in self.known_upstreams():
             try:
-                brokers = await fetch_brokers(endpoint, self._connect_timeout_s)
+                brokers = await fetch_brokers(endpoint, self._connect_timeout_s, self._security)
+            except SaslFailed as exc:  # configuration, not the network: say so loudly
+                metrics.UPSTREAM_ERRORS.labels("authentication").inc()
+                log.error("upstream refused the proxy's credentials", error=str(exc))
+                continue
             except (OSError, TimeoutError, ValueError) as exc:
                 metrics.UPSTREAM_ERRORS.labels("metadata").inc()
                 log.debug("metadata refresh failed", upstream=str(endpoint), error=str(exc))
@@ -53,7 +61,9 @@ class UpstreamCluster:
         )
         for endpoint in self.known_upstreams():
             try:
-                async with UpstreamClient(endpoint, self._connect_timeout_s) as client:
+                async with UpstreamClient(
+                    endpoint, self._connect_timeout_s, self._security
+                ) as client:
                     response = await client.request(request)
             except (OSError, TimeoutError):
                 continue

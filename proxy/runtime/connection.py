@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,7 @@ import structlog
 from kio.static.protocol import ResponsePayload
 
 from proxy.kafka.topology import Endpoint, Topology
+from proxy.kafka.upstream_client import open_upstream
 from proxy.kafka.wire import (
     FrameError,
     RequestHeader,
@@ -60,6 +62,7 @@ class ConnectionSettings:
     max_frame_bytes: int
     max_in_flight: int
     connect_timeout_s: float
+    upstream_tls: ssl.SSLContext | None = None
 
 
 UpstreamResolver = Callable[[], Awaitable[list[Endpoint]]]
@@ -165,7 +168,7 @@ class ClientConnection:
         for endpoint in candidates:
             try:
                 streams = await asyncio.wait_for(
-                    asyncio.open_connection(endpoint.host, endpoint.port),
+                    open_upstream(endpoint, self._settings.upstream_tls),
                     self._settings.connect_timeout_s,
                 )
                 self._context = FilterContext(self._context.topology, endpoint, self._listener)

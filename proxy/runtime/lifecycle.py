@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
+import io
 import signal
 from collections.abc import Sequence
 
@@ -23,9 +25,23 @@ async def run_proxy(server: ProxyServer, admin_routes: Sequence[AdminRoutes] = (
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR2, log_tasks)
     await stop.wait()
     await server.shutdown()
     await admin.cleanup()
+
+
+def install_stack_dumps() -> None:
+    """SIGUSR1 prints every thread's stack to stderr, even while the event loop is stuck
+    (like jstack); SIGUSR2 (`run_proxy`) logs every asyncio task and where it waits."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def log_tasks() -> None:
+    for task in asyncio.all_tasks():
+        stack = io.StringIO()
+        task.print_stack(limit=8, file=stack)
+        log.warning("task", name=task.get_name(), stack=stack.getvalue())
 
 
 def install_event_loop() -> None:

@@ -63,7 +63,10 @@ class ProxyServer:
             max_frame_bytes=settings.max_frame_bytes,
             max_in_flight=settings.max_in_flight_per_connection,
             connect_timeout_s=settings.upstream_connect_timeout_s,
+            upstream_tls=settings.upstream_security.context(),
         )
+        listener_tls = settings.listener_tls
+        self._listener_tls = listener_tls.context() if listener_tls is not None else None
         self._bootstrap_server: asyncio.Server | None = None
         self._broker_servers: dict[int, asyncio.Server] = {}
         self._connections: dict[ClientConnection, asyncio.Task[None]] = {}
@@ -87,11 +90,14 @@ class ProxyServer:
             # Several processes may share the bootstrap port; the kernel spreads new
             # connections over them. Broker listeners stay exclusive to one process.
             reuse_port=self.settings.reuse_port or None,
+            ssl=self._listener_tls,
         )
         log.info(
             "bootstrap listener open",
             listen=str(listen),
             reuse_port=self.settings.reuse_port,
+            tls=self._listener_tls is not None,
+            upstream_security=self.settings.upstream_security_protocol,
             advertised_host=self.topology.advertised_host,
             broker_port_base=self.topology.broker_port_base,
             upstream=[str(e) for e in self.topology.bootstrap],
@@ -147,6 +153,7 @@ class ProxyServer:
                     self._acceptor(f"broker-{node_id}", self._broker_candidates(node_id)),
                     listen_host,
                     port,
+                    ssl=self._listener_tls,
                 )
             except OSError as exc:
                 log.error("cannot open broker listener", node_id=node_id, error=str(exc))

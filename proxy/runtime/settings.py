@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -22,8 +22,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from proxy.kafka.sasl import SaslCredentials, SaslMechanism
 from proxy.kafka.topology import Endpoint
 from proxy.runtime.admin_auth import TokenError, load_admin_tokens
+from proxy.runtime.security import (
+    SecurityConfigError,
+    ServerTls,
+    UpstreamProtocol,
+    UpstreamSecurity,
+)
 
 DEFAULT_LISTEN = "127.0.0.1:29092"
 DEFAULT_ADMIN = "127.0.0.1:29080"
@@ -73,6 +80,45 @@ class ProxySettings(BaseSettings):
         "DEDUP_PROXY_ADMIN_TOKENS from a secret)",
         repr=False,
     )
+    listener_tls_cert_file: Path | None = Field(
+        default=None,
+        description="PEM certificate chain: the client listeners speak TLS (with the key)",
+    )
+    listener_tls_key_file: Path | None = Field(default=None, description="its PEM private key")
+    listener_tls_client_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CA bundle: clients must present a certificate chaining to it (mTLS)",
+    )
+    upstream_security_protocol: UpstreamProtocol = Field(
+        default="PLAINTEXT",
+        description="how the proxy connects to Kafka: PLAINTEXT, SSL, SASL_PLAINTEXT or "
+        "SASL_SSL (TLS for every connection, its own and the ones it relays; SASL with the "
+        "upstream_sasl_* credentials for its own, clients authenticate themselves)",
+    )
+    upstream_tls_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CA bundle that Kafka's certificates chain to (default: the system's)",
+    )
+    upstream_tls_cert_file: Path | None = Field(
+        default=None, description="PEM client certificate, for brokers that ask for one"
+    )
+    upstream_tls_key_file: Path | None = Field(default=None, description="its PEM private key")
+    upstream_sasl_mechanism: SaslMechanism | None = Field(
+        default=None,
+        description="SASL of the proxy's own connections to Kafka (upstream_security_protocol "
+        "SASL_SSL or SASL_PLAINTEXT): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+    )
+    upstream_sasl_username: str | None = Field(default=None, description="the proxy's user")
+    upstream_sasl_password: SecretStr | None = Field(
+        default=None, description="its password (DEDUP_PROXY_UPSTREAM_SASL_PASSWORD)"
+    )
+    upstream_tls_check_hostname: bool = Field(
+        default=True, description="check that a broker's certificate names its host"
+    )
+    admin_tls_cert_file: Path | None = Field(
+        default=None, description="PEM certificate chain: the admin API speaks HTTPS (with the key)"
+    )
+    admin_tls_key_file: Path | None = Field(default=None, description="its PEM private key")
     reuse_port: bool = Field(
         default=False,
         description="open the bootstrap listener with SO_REUSEPORT, so several processes share "
@@ -130,7 +176,50 @@ class ProxySettings(BaseSettings):
             load_admin_tokens(self.admin_tokens_file, self.admin_tokens)
         except TokenError as exc:
             raise ValueError(str(exc)) from None
+        try:  # built once here, so a bad certificate is found at start
+            for server in (self.listener_tls, self.admin_tls):
+                if server is not None:
+                    server.context()
+            self.upstream_security.context()
+        except SecurityConfigError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    @property
+    def listener_tls(self) -> ServerTls | None:
+        return _server_tls(
+            "listener",
+            self.listener_tls_cert_file,
+            self.listener_tls_key_file,
+            self.listener_tls_client_ca_file,
+        )
+
+    @property
+    def admin_tls(self) -> ServerTls | None:
+        return _server_tls("admin", self.admin_tls_cert_file, self.admin_tls_key_file, None)
+
+    @property
+    def upstream_security(self) -> UpstreamSecurity:
+        sasl = None
+        if self.upstream_sasl_mechanism is not None:
+            if not self.upstream_sasl_username or self.upstream_sasl_password is None:
+                raise SecurityConfigError(
+                    "upstream_sasl_mechanism needs upstream_sasl_username and "
+                    "upstream_sasl_password"
+                )
+            sasl = SaslCredentials(
+                self.upstream_sasl_mechanism,
+                self.upstream_sasl_username,
+                self.upstream_sasl_password.get_secret_value(),
+            )
+        return UpstreamSecurity(
+            self.upstream_security_protocol,
+            self.upstream_tls_ca_file,
+            self.upstream_tls_cert_file,
+            self.upstream_tls_key_file,
+            self.upstream_tls_check_hostname,
+            sasl,
+        )
 
     @property
     def upstream_endpoints(self) -> list[Endpoint]:
@@ -168,6 +257,18 @@ class ProxySettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Flags (init) override the environment, which overrides the file (if any).
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def _server_tls(
+    name: str, cert: Path | None, key: Path | None, client_ca: Path | None
+) -> ServerTls | None:
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise SecurityConfigError(f"{name}_tls_client_ca_file is set without a certificate")
+        return None
+    if cert is None or key is None:
+        raise SecurityConfigError(f"{name}_tls_cert_file and {name}_tls_key_file go together")
+    return ServerTls(cert, key, client_ca)
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)

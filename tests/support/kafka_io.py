@@ -10,14 +10,16 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 
 def read_all(
-    bootstrap: str, topic: str, partition: int = 0
+    bootstrap: str, topic: str, partition: int = 0, **config: str
 ) -> list[tuple[bytes, dict[str, bytes]]]:
-    """Every record of the partition, read straight from Kafka: (value, headers)."""
+    """Every record of the partition, read straight from Kafka: (value, headers).
+    ``config``: more consumer settings (security)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"r-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
+            **config,
         }
     )
     try:

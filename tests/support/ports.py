@@ -40,6 +40,10 @@ INSTANCES = [
 PASS_THROUGH_ONLY = ProxyPorts(listen=29392, admin=29380, broker_base=29393)
 # test_admin_auth: a dedup proxy whose admin API needs bearer tokens.
 ADMIN_AUTH = ProxyPorts(listen=29792, admin=29780, broker_base=29793)
+# test_tls: a dedup proxy with TLS on its listeners and admin API, and toward Kafka.
+TLS = ProxyPorts(listen=29992, admin=29980, broker_base=29993)
+SASL = ProxyPorts(listen=26892, admin=26880, broker_base=26893)  # test_tls, SASL_SSL upstream
+TLS_REDIS = 17099  # test_tls: a Redis that speaks TLS only, with client certificates
 # test_hostile_input: a dedup proxy with max_sequence_jump.
 JUMP_BOUND = ProxyPorts(listen=29892, admin=29880, broker_base=29893)
 

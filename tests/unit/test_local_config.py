@@ -184,7 +184,7 @@ def test_advertised_ports_default_to_the_listen_ports() -> None:
         assert not ports.advertises_elsewhere
         assert ports.advertised(2) == ports.client(2) == 19094
         assert ports.inter_broker(0) is None
-        assert ports.node_ports(1) == [19093, 19193]
+        assert ports.node_ports(1) == [19093, 19123, 19133, 19193]
         assert props(0, 1, ports)["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
 
 
@@ -217,7 +217,31 @@ def test_three_nodes_behind_a_proxy_keep_replication_and_quorum_off_it() -> None
             "0@127.0.0.1:24292,1@127.0.0.1:24293,2@127.0.0.1:24294"
         )
         assert p["inter.broker.listener.name"] == "INTERNAL"
-    assert BEHIND.node_ports(2) == [24194, 24244, 24294]
+    assert BEHIND.node_ports(2) == [24194, 24224, 24234, 24244, 24294]
+
+
+def test_security_adds_tls_and_sasl_listeners_advertised_as_themselves() -> None:
+    security = config.KafkaSecurity(Path("/k/server.p12"), "secret", {"proxy": "pw1", "c": "pw2"})
+    for ports, plain in ((Ports(), "19092"), (BEHIND, "24200")):
+        p = config.server_properties(0, 1, ports, DATA, security)
+        tls, sasl = ports.tls(0), ports.sasl_ssl(0)
+        assert (tls, sasl) == (ports.kafka_base + 30, ports.kafka_base + 40)
+        listeners = p["listeners"].split(",")
+        assert f"SSL://127.0.0.1:{tls}" in listeners
+        assert f"SASL_SSL://127.0.0.1:{sasl}" in listeners
+        advertised = p["advertised.listeners"].split(",")
+        assert advertised[0] == f"PLAINTEXT://127.0.0.1:{plain}"
+        assert advertised[-2:] == [f"SSL://127.0.0.1:{tls}", f"SASL_SSL://127.0.0.1:{sasl}"]
+        assert p["listener.security.protocol.map"].endswith(",SSL:SSL,SASL_SSL:SASL_SSL")
+        for name in ("ssl", "sasl_ssl"):
+            assert p[f"listener.name.{name}.ssl.keystore.location"] == "/k/server.p12"
+            assert p[f"listener.name.{name}.ssl.keystore.password"] == "secret"
+        assert p["listener.name.sasl_ssl.plain.sasl.jaas.config"] == (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            'user_proxy="pw1" user_c="pw2";'
+        )
+        assert "ScramLoginModule" in p["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
+        assert p["inter.broker.listener.name"] in ("PLAINTEXT", "INTERNAL")  # not secured
 
 
 @pytest.mark.parametrize("advertised", [24190, 24194, 24240, 24292, 24294])

@@ -125,6 +125,19 @@ def test_settings_environment_skips_unset_fields() -> None:
     assert env["DEDUP_PROXY_LISTEN"] == "127.0.0.1:9192"
 
 
+def test_workers_get_the_secrets_themselves_not_their_masks() -> None:
+    settings = load_settings(
+        None,
+        upstream_security_protocol="SASL_PLAINTEXT",
+        upstream_sasl_mechanism="PLAIN",
+        upstream_sasl_username="proxy",
+        upstream_sasl_password="pw-123",
+    )
+    env = settings_environment(settings, {})
+    assert env["DEDUP_PROXY_UPSTREAM_SASL_PASSWORD"] == "pw-123"
+    assert _load_from(env).upstream_security.librdkafka()["sasl.password"] == "pw-123"
+
+
 def test_worker_command_line_names_the_worker(tmp_path: Path) -> None:
     settings = load_settings(
         None, listen="127.0.0.1:9192", admin="127.0.0.1:9100", instance_id="p", workers=2

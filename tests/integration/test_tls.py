@@ -1,0 +1,307 @@
+"""TLS and SASL end to end, on real Kafka and Redis: clients reach the proxy over TLS (with client
+certificates: mutual TLS), the proxy reaches Kafka over TLS only (the brokers' SSL
+listeners, `deploy.tls`), its admin API speaks HTTPS, and dedup holds through a SIGKILL of
+the proxy in the middle of the stream. Redis too speaks TLS only (and asks for a client
+certificate and a password). A second proxy sits in front of the brokers' SASL_SSL
+listeners only, with SCRAM credentials of its own, and relays its clients' own SASL.
+
+The proxy here is given only the brokers' TLS listeners: every connection it opens to
+Kafka (the relayed clients', its metadata, its writes, its replay, its snapshots) must speak
+TLS or nothing works.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from dedup.client import DedupProducer
+from deploy.launcher import ProxyProcess
+from deploy.local import EnvInfo
+from deploy.processes import port_open
+from deploy.tls import LocalTls
+from tests.support.kafka_io import assert_exactly_once_in_order, read_all
+from tests.support.ports import SASL, TLS, TLS_REDIS
+from tests.support.topics import new_topic
+
+pytestmark = pytest.mark.integration
+
+TOTAL = 3000
+REDIS_PASSWORD = "tls-redis-password-0123456789"
+
+
+@pytest.fixture(scope="module")
+def certs(local_env: EnvInfo) -> LocalTls:
+    assert local_env.tls_bootstrap, "the local environment has no TLS listeners"
+    return LocalTls(Path(local_env.tls_dir))
+
+
+@pytest.fixture(scope="module")
+def tls_redis(certs: LocalTls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis that speaks only TLS, asks for a client certificate and a password; its URL."""
+    home = tmp_path_factory.mktemp("tls-redis")
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            *("--bind", "127.0.0.1", "--port", "0", "--tls-port", str(TLS_REDIS)),
+            *("--tls-cert-file", str(certs.server_cert_file)),
+            *("--tls-key-file", str(certs.server_key_file)),
+            *("--tls-ca-cert-file", str(certs.ca_file)),
+            *("--tls-auth-clients", "yes", "--requirepass", REDIS_PASSWORD),
+            *("--save", "", "--appendonly", "no", "--dir", str(home)),
+        ],
+        stdout=(home / "redis.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not port_open("127.0.0.1", TLS_REDIS) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert port_open("127.0.0.1", TLS_REDIS), "the TLS Redis did not start"
+        yield f"rediss://:{REDIS_PASSWORD}@127.0.0.1:{TLS_REDIS}/0"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.fixture(scope="module")
+def tls_proxy(
+    local_env: EnvInfo,
+    certs: LocalTls,
+    tls_redis: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ProxyProcess]:
+    """Every hop over TLS: clients (with certificates), Kafka, Redis, the admin API."""
+    home = tmp_path_factory.mktemp("tls")
+    process = ProxyProcess(
+        upstream=local_env.tls_bootstrap,
+        listen_port=TLS.listen,
+        admin_port=TLS.admin,
+        extra_args=["--broker-port-base", str(TLS.broker_base), "--log-format", "json"],
+        env={
+            "DEDUP_PROXY_REDIS": tls_redis,
+            "DEDUP_PROXY_REDIS_TLS_CA_FILE": str(certs.ca_file),
+            "DEDUP_PROXY_REDIS_TLS_CERT_FILE": str(certs.client_cert_file),
+            "DEDUP_PROXY_REDIS_TLS_KEY_FILE": str(certs.client_key_file),
+            "DEDUP_PROXY_INSTANCE_ID": f"tls-{uuid.uuid4().hex[:8]}",
+            "DEDUP_PROXY_SNAPSHOT_TOPIC": f"__dedup_snapshots_tls_{uuid.uuid4().hex[:8]}",
+            "DEDUP_PROXY_LISTENER_TLS_CERT_FILE": str(certs.server_cert_file),
+            "DEDUP_PROXY_LISTENER_TLS_KEY_FILE": str(certs.server_key_file),
+            "DEDUP_PROXY_LISTENER_TLS_CLIENT_CA_FILE": str(certs.ca_file),
+            "DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL": "SSL",
+            "DEDUP_PROXY_UPSTREAM_TLS_CA_FILE": str(certs.ca_file),
+            "DEDUP_PROXY_ADMIN_TLS_CERT_FILE": str(certs.server_cert_file),
+            "DEDUP_PROXY_ADMIN_TLS_KEY_FILE": str(certs.server_key_file),
+        },
+        log_path=home / "proxy.log",
+        admin_ca_file=certs.ca_file,
+    ).start()
+    yield process
+    assert process.stop() == 0, f"proxy did not shut down cleanly; see {home / 'proxy.log'}"
+    assert REDIS_PASSWORD not in (home / "proxy.log").read_text(), "a password reached the log"
+
+
+@pytest.fixture(scope="module")
+def sasl_proxy(
+    local_env: EnvInfo,
+    certs: LocalTls,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_key_prefix: str,
+) -> Iterator[ProxyProcess]:
+    """In front of Kafka's SASL_SSL listeners only, with credentials of its own."""
+    home = tmp_path_factory.mktemp("sasl")
+    password = certs.sasl_users["proxy"]
+    process = ProxyProcess(
+        upstream=local_env.sasl_ssl_bootstrap,
+        listen_port=SASL.listen,
+        admin_port=SASL.admin,
+        extra_args=["--broker-port-base", str(SASL.broker_base), "--log-format", "json"],
+        env={
+            "DEDUP_PROXY_REDIS": local_env.redis,
+            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"{redis_key_prefix}-sasl",
+            "DEDUP_PROXY_INSTANCE_ID": f"sasl-{uuid.uuid4().hex[:8]}",
+            "DEDUP_PROXY_SNAPSHOT_TOPIC": f"__dedup_snapshots_sasl_{uuid.uuid4().hex[:8]}",
+            "DEDUP_PROXY_LISTENER_TLS_CERT_FILE": str(certs.server_cert_file),
+            "DEDUP_PROXY_LISTENER_TLS_KEY_FILE": str(certs.server_key_file),
+            "DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL": "SASL_SSL",
+            "DEDUP_PROXY_UPSTREAM_TLS_CA_FILE": str(certs.ca_file),
+            "DEDUP_PROXY_UPSTREAM_SASL_MECHANISM": "SCRAM-SHA-512",
+            "DEDUP_PROXY_UPSTREAM_SASL_USERNAME": "proxy",
+            "DEDUP_PROXY_UPSTREAM_SASL_PASSWORD": password,
+        },
+        log_path=home / "proxy.log",
+    ).start()
+    yield process
+    assert process.stop() == 0, f"proxy did not shut down cleanly; see {home / 'proxy.log'}"
+    assert password not in (home / "proxy.log").read_text(), "a password reached the log"
+
+
+def client_sasl(certs: LocalTls, mechanism: str) -> dict[str, str]:
+    """librdkafka settings of user `client` over TLS, trusting the local CA."""
+    return {
+        "security.protocol": "sasl_ssl",
+        "ssl.ca.location": str(certs.ca_file),
+        "sasl.mechanism": mechanism,
+        "sasl.username": "client",
+        "sasl.password": certs.sasl_users["client"],
+    }
+
+
+def client_tls(certs: LocalTls) -> dict[str, str]:
+    """librdkafka settings of a client with a certificate, trusting the local CA."""
+    return {
+        "security.protocol": "ssl",
+        "ssl.ca.location": str(certs.ca_file),
+        "ssl.certificate.location": str(certs.client_cert_file),
+        "ssl.key.location": str(certs.client_key_file),
+    }
+
+
+def kafka_tls(certs: LocalTls) -> dict[str, str]:
+    return {"security.protocol": "ssl", "ssl.ca.location": str(certs.ca_file)}
+
+
+def test_dedup_over_tls_holds_through_a_proxy_sigkill(
+    tls_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls
+) -> None:
+    """librdkafka with a client certificate through the proxy's TLS listener, the proxy to
+    Kafka and Redis over TLS."""
+    produce_through_a_kill(tls_proxy, local_env, certs, client_tls(certs))
+
+
+def test_dedup_over_sasl_ssl_holds_through_a_proxy_sigkill(
+    sasl_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls
+) -> None:
+    """Kafka's SASL_SSL listeners only: the proxy authenticates its own connections with
+    SCRAM-SHA-512 as user `proxy`; the client authenticates itself, through the proxy,
+    with SCRAM-SHA-256 as user `client`."""
+    produce_through_a_kill(sasl_proxy, local_env, certs, client_sasl(certs, "SCRAM-SHA-256"))
+
+
+def test_a_client_with_a_wrong_password_is_refused_by_kafka_through_the_proxy(
+    sasl_proxy: ProxyProcess, certs: LocalTls
+) -> None:
+    config = client_sasl(certs, "PLAIN") | {"sasl.password": "not-the-password"}
+    failures: list[str] = []
+    producer = Producer(
+        {
+            "bootstrap.servers": sasl_proxy.bootstrap,
+            **config,
+            "error_cb": lambda error: failures.append(str(error)),
+        }
+    )
+    producer.poll(5)
+    assert any("Authentication failed" in failure for failure in failures), failures
+
+
+def produce_through_a_kill(
+    proxy: ProxyProcess, env: EnvInfo, certs: LocalTls, client_config: dict[str, str]
+) -> None:
+    """A steady stream through `proxy`, which is killed with -9 after 100 records are
+    acknowledged and a burst more is on its way, and started again as the same instance;
+    the producer retries what was in flight, and a second producer re-sends the first 500.
+    The topic, read over Kafka's own TLS listener, holds every record once, in order."""
+    topic = new_topic(env.bootstrap)
+    producer = DedupProducer(proxy.bootstrap, "secured-loader", **client_config)
+    errors: list[str] = []
+    delivered = 0
+
+    def on_delivery(error: object, _message: object) -> None:
+        nonlocal delivered
+        delivered += 1
+        if error is not None:
+            errors.append(str(error))
+
+    killed = False
+    n = 0
+    while n < TOTAL:
+        producer.send(topic, str(n).encode(), sequence_id=n, on_delivery=on_delivery)
+        n += 1
+        if n % 20 == 0:
+            producer.poll(0.02)  # a steady stream over seconds, acknowledged as it goes
+        if not killed and delivered >= 100:
+            # A burst on its way (some on the wire, some queued), then the kill.
+            for _ in range(100):
+                producer.send(topic, str(n).encode(), sequence_id=n, on_delivery=on_delivery)
+                n += 1
+            producer.poll(0.003)
+            proxy.kill()
+            killed = True
+            proxy.start()
+    assert killed
+    assert producer.flush(120) == 0
+    resend = DedupProducer(proxy.bootstrap, "secured-loader", **client_config)
+    for n in range(500):
+        resend.send(topic, str(n).encode(), sequence_id=n, on_delivery=on_delivery)
+    assert resend.flush(60) == 0
+    assert errors == []
+    written = [value for value, _ in read_all(env.tls_bootstrap, topic, **kafka_tls(certs))]
+    assert_exactly_once_in_order(written, TOTAL)
+
+
+def test_a_client_without_a_certificate_is_refused(
+    tls_proxy: ProxyProcess, certs: LocalTls
+) -> None:
+    answered_with_cert = api_versions_over_tls(tls_proxy, certs, with_certificate=True)
+    assert answered_with_cert, "a client with a certificate got no answer"
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        api_versions_over_tls(tls_proxy, certs, with_certificate=False)
+
+
+def test_a_plaintext_client_gets_nothing_from_a_tls_listener(
+    tls_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    producer = Producer({"bootstrap.servers": tls_proxy.bootstrap, "socket.timeout.ms": 3000})
+    try:
+        metadata = None
+        with pytest.raises(Exception, match=r"(?i)timed out|transport|disconnect"):
+            metadata = producer.list_topics(timeout=3)
+        assert metadata is None
+    finally:
+        producer.flush(1)
+
+
+def test_the_admin_api_speaks_https_only(tls_proxy: ProxyProcess, certs: LocalTls) -> None:
+    health = tls_proxy.health()  # over HTTPS, checked against the local CA
+    assert health is not None and health["status"] == "ok"
+    with socket.create_connection(("127.0.0.1", TLS.admin), timeout=5) as plain:
+        plain.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            answer = plain.recv(4096)
+        except (TimeoutError, ConnectionError):
+            answer = b""
+    assert b'"status"' not in answer  # no JSON over plain HTTP
+
+
+def api_versions_over_tls(proxy: ProxyProcess, certs: LocalTls, *, with_certificate: bool) -> bytes:
+    """ApiVersions v0 over TLS to the bootstrap listener; the raw answer (correlation id
+    first). Raises when the connection is refused or closed without an answer."""
+    context = ssl.create_default_context(cafile=certs.ca_file)
+    if with_certificate:
+        context.load_cert_chain(certs.client_cert_file, certs.client_key_file)
+    body = struct.pack(">hhih", 18, 0, 7, -1)  # api key, version, correlation id, no client id
+    with (
+        socket.create_connection(("127.0.0.1", TLS.listen), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        tls.sendall(struct.pack(">i", len(body)) + body)
+        size = tls.recv(4)
+        if len(size) < 4:
+            raise ConnectionError("closed without an answer")
+        answer = b""
+        while len(answer) < struct.unpack(">i", size)[0]:
+            chunk = tls.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed in the middle of the answer")
+            answer += chunk
+    assert struct.unpack(">i", answer[:4])[0] == 7
+    return answer
