@@ -12,6 +12,7 @@ TLS or nothing works.
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import struct
@@ -26,7 +27,7 @@ from confluent_kafka import Producer
 
 from dedup.client import DedupProducer
 from deploy.launcher import ProxyProcess
-from deploy.local import EnvInfo
+from deploy.local import EnvInfo, java_tool_command
 from deploy.processes import port_open
 from deploy.tls import LocalTls
 from tests.support.kafka_io import assert_exactly_once_in_order, read_all
@@ -201,6 +202,40 @@ def test_a_client_with_a_wrong_password_is_refused_by_kafka_through_the_proxy(
     )
     producer.poll(5)
     assert any("Authentication failed" in failure for failure in failures), failures
+
+
+def test_the_java_producer_with_scram_over_tls_through_the_proxy(
+    sasl_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls, tmp_path: Path
+) -> None:
+    """Kafka's own VerifiableProducer (idempotent: the proxy dedups on its producer id and
+    sequences), SCRAM-SHA-512 over TLS through the proxy; every record once, in order."""
+    topic = new_topic(local_env.bootstrap)
+    config = tmp_path / "producer.properties"
+    config.write_text(
+        "security.protocol=SASL_SSL\n"
+        "sasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="client" password="{certs.sasl_users["client"]}";\n'
+        f"ssl.truststore.location={certs.truststore_file}\n"
+        "ssl.truststore.type=PKCS12\n"
+        f"ssl.truststore.password={certs.keystore_password}\n"
+    )
+    produced = subprocess.run(
+        java_tool_command(
+            "org.apache.kafka.tools.VerifiableProducer",
+            *("--bootstrap-server", sasl_proxy.bootstrap, "--topic", topic),
+            *("--max-messages", "500", "--acks", "-1", "--producer.config", str(config)),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    events = [json.loads(line) for line in produced.stdout.splitlines() if line.startswith("{")]
+    assert len([e for e in events if e.get("name") == "producer_send_success"]) == 500
+    assert not [e for e in events if e.get("name") == "producer_send_error"]
+    written = [value for value, _ in read_all(local_env.tls_bootstrap, topic, **kafka_tls(certs))]
+    assert written == [str(i).encode() for i in range(500)]
 
 
 def produce_through_a_kill(
