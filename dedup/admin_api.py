@@ -12,6 +12,8 @@ POST   /v1/producer-names                                          a unique prod
 GET    /v1/snapshots              per partition this proxy writes: recovery, snapshot offset, age
 POST   /v1/topics/{topic}/partitions/{partition}/snapshot          take a snapshot now
 POST   /v1/topics/{topic}/partitions/{partition}/recover[?wait_s=N] recover from the log now
+GET    /v1/topics/{topic}/principals              producer name -> the principal it belongs to
+DELETE /v1/topics/{topic}/principals/{name}       release a name (the next principal owns it)
 
 A policy change that disables dedup for a topic clears that topic's dedup state.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import structlog
 from aiohttp import web
 from redis.exceptions import RedisError
 
@@ -29,6 +32,8 @@ from dedup.policies import Mode, PolicySnapshot
 from dedup.service import DedupService
 from dedup.snapshots import SnapshotError
 from dedup.state import clock_ms
+
+log = structlog.get_logger(__name__)
 
 PRODUCER_NAME_COUNTER = "producer-names"
 RECOVERY_WAIT_S = 60.0
@@ -225,7 +230,21 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
             }
         )
 
+    async def principals(request: web.Request) -> web.Response:
+        topic = _topic(request)
+        return web.json_response(
+            {"topic": topic, "principals": await service.bindings.owners(topic)}
+        )
+
+    async def release_principal(request: web.Request) -> web.Response:
+        topic, name = _topic(request), request.match_info["name"]
+        released = await service.bindings.release(topic, name)
+        log.info("producer name released", topic=topic, producer=name, was_bound=released)
+        return web.json_response({"topic": topic, "producer": name, "released": released})
+
     app.router.add_get("/v1/ownership", ownership)
+    app.router.add_get(base + "/principals", principals)
+    app.router.add_delete(base + "/principals/{name}", release_principal)
     app.router.add_get(base + "/partitions/{partition}/producers/{name}", last_sequence)
     app.router.add_get(base + "/producers/{name}", topic_last_sequence)
     app.router.add_get(base + "/partitions/{partition}/producers", producers)

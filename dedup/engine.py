@@ -59,6 +59,7 @@ from dedup.batches import (
     read_batches,
     restamp_batch,
 )
+from dedup.bindings import ProducerBindings
 from dedup.chunks import ChunkMeta, ChunkProgress
 from dedup.ownership.owner import Redirect
 from dedup.partitions import Key, PartitionState, _Ticket
@@ -101,6 +102,7 @@ class Admission:
     requests behind it go once its sequences are assigned."""
 
     snapshot: PolicySnapshot
+    principal: str | None = None  # the client's, when it authenticated (names bind to it)
     predecessors: list[asyncio.Future[None]] = field(default_factory=list)
     turns: list[asyncio.Future[None]] = field(default_factory=list)
     numbers: dict[Key, int] = field(default_factory=dict)  # its number in each partition's line
@@ -168,10 +170,12 @@ class DedupEngine:
         persisted_linger_s: float = 0.005,
         limits: ReadLimits | None = None,
         max_request_decompressed_bytes: int = 128 << 20,
+        bindings: ProducerBindings | None = None,
     ) -> None:
         self._state = state
         self._limits = limits or ReadLimits()
         self._max_request_decompressed_bytes = max_request_decompressed_bytes
+        self._bindings = bindings  # None: producer names are not bound to principals
         self._policies = policies
         self._writer = writer
         self._headers = headers
@@ -244,7 +248,7 @@ class DedupEngine:
 
     # ------------------------------------------------------------- 1. admit
 
-    async def admit(self, request: Any) -> Admission | None:
+    async def admit(self, request: Any, principal: str | None = None) -> Admission | None:
         """Called as each Produce request arrives, in arrival order: None to forward it as
         is (transactional, or dedup disabled for every topic it writes), else its place in
         line on each of its partitions, taken before anything else can run."""
@@ -256,7 +260,7 @@ class DedupEngine:
             return None
         # Nothing below awaits: the places in line follow the order of arrival.
         loop = asyncio.get_running_loop()
-        admission = Admission(snapshot)
+        admission = Admission(snapshot, principal)
         for key in _partition_data(request):  # one place per partition, however often named
             gate = self._partitions.of(key)
             if gate.last_in_line is not None and not gate.last_in_line.done():
@@ -294,7 +298,7 @@ class DedupEngine:
                 for item in work:
                     item.in_turn = True
                 try:
-                    await self._check(work)
+                    await self._check(work, admission.principal)
                     writes, submitted = await self._submit(work, broker, timeout_ms)
                 finally:
                     admission.done()
@@ -359,7 +363,9 @@ class DedupEngine:
 
     # ------------------------------------------------------------- 3. check
 
-    async def _check(self, work: list[_Work]) -> None:
+    async def _check(self, work: list[_Work], principal: str | None = None) -> None:
+        if principal is not None and self._bindings is not None:
+            await self._refuse_foreign_names(work, principal)
         to_check = [w for w in work if w.answer is None and w.mode is not Mode.DISABLED]
         for item in to_check:
             await self._pass_gate(item)
@@ -684,6 +690,42 @@ class DedupEngine:
             self._recoveries.state_lost(topic, partition, state.token)
         state.open.set()
         log.info("partition reset after a failed write", topic=topic, partition=partition)
+
+    async def _refuse_foreign_names(self, work: list[_Work], principal: str) -> None:
+        """A partition batch that names a producer bound to another principal is refused
+        whole (`dedup.bindings`); in turn, so a retriable refusal refuses those behind."""
+        assert self._bindings is not None
+        for item in work:
+            if item.answer is not None or item.mode is Mode.DISABLED:
+                continue
+            names = {r.identity.producer for r in item.identified if r.identity is not None}
+            if not names:
+                continue
+            try:
+                foreign = await self._bindings.foreign(item.topic, names, principal)
+            except RedisError as exc:
+                log.error("producer bindings unavailable; refusing the request", error=str(exc))
+                self._refuse(item, _not_written("dedup state unavailable"))
+                continue
+            if foreign:
+                name, owner = sorted(foreign.items())[0]
+                metrics.BAD_INPUT.labels("foreign_producer").inc()
+                log.warning(
+                    "refusing records under another principal's producer name",
+                    topic=item.topic,
+                    partition=item.partition,
+                    producer=name,
+                    owner=owner,
+                    principal=principal,
+                )
+                self._refuse(
+                    item,
+                    PartitionAnswer(
+                        ErrorCode.topic_authorization_failed,
+                        error_message=f"producer {name!r} on topic {item.topic} belongs to "
+                        f"{owner}, not {principal}",
+                    ),
+                )
 
     # ------------------------------------------------------------- plumbing
 

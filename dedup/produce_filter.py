@@ -39,7 +39,7 @@ class DedupProduceFilter:
         if not await self._engine.dedup_anywhere():
             return Forward()
         request: Any = frame.decode()  # one kio class per Produce version, the same fields
-        admission = await self._engine.admit(request)
+        admission = await self._engine.admit(request, context.identity.principal)
         if admission is None:
             return Forward()
         assert context.upstream is not None, "a request arrives only once upstream is connected"

@@ -14,6 +14,7 @@ import structlog
 from confluent_kafka.admin import AdminClient
 
 from dedup.batches import IdentityHeaders, ReadLimits
+from dedup.bindings import ProducerBindings
 from dedup.engine import DedupEngine
 from dedup.fencing import Fencer
 from dedup.links import UpstreamLinks
@@ -74,6 +75,7 @@ class DedupService:
             **settings.redis_tls,
         )
         prefix = settings.redis_key_prefix
+        self.bindings = ProducerBindings(self.redis, prefix)
         self.state = DedupState(
             self.redis,
             key_prefix=prefix,
@@ -163,6 +165,7 @@ class DedupService:
                 max_producer_bytes=settings.max_producer_name_bytes,
             ),
             max_request_decompressed_bytes=settings.max_request_decompressed_bytes,
+            bindings=self.bindings if settings.bind_producer_names else None,
         )
         self.snapshotter = Snapshotter(
             self.engine,

@@ -32,6 +32,12 @@ class DedupSettings(BaseSettings):
     redis_connect_timeout_s: float = Field(
         default=2.0, gt=0, description="connecting to Redis (each Sentinel at most 1 s)"
     )
+    bind_producer_names: bool = Field(
+        default=True,
+        description="on a topic, a producer name belongs to the principal whose "
+        "authenticated client used it first; another principal's records under it are "
+        "refused (TOPIC_AUTHORIZATION_FAILED); anonymous connections are not checked",
+    )
     redis_tls_ca_file: Path | None = Field(
         default=None,
         description="PEM CA bundle that Redis's certificate chains to (a rediss:// URL; "

@@ -1,4 +1,5 @@
-"""The runtime's built-in filters: broker-address rewriting and the ApiVersions cap."""
+"""The runtime's built-in filters: broker-address rewriting, the ApiVersions cap, and the
+client's principal read off its SASL exchange."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from proxy.filters.addresses import (
     NodeEndpointsFilter,
 )
 from proxy.filters.api_versions import ApiVersionsFilter
+from proxy.filters.principal import SaslPrincipalFilter
 from proxy.kafka.api_keys import ApiKey
 
 
@@ -16,6 +18,7 @@ def standard_filters() -> list[object]:
     """The filters every proxy needs to keep clients on the proxy, in chain order."""
     return [
         ApiVersionsFilter(),
+        SaslPrincipalFilter(),
         MetadataFilter(),
         FindCoordinatorFilter(),
         DescribeClusterFilter(),

@@ -72,6 +72,18 @@ def _may_name_brokers(
     return topology.names_upstream_host(payload, start)
 
 
+@dataclass(slots=True)
+class ClientIdentity:
+    """Who the client of a connection is, once it proved it: Kafka's principal name
+    (``User:alice`` for SASL, ``User:CN=alice,O=...`` for a client certificate), or None."""
+
+    principal: str | None = None
+    # The SASL exchange under way (`proxy.filters.principal`).
+    mechanism: str | None = None
+    user: str | None = None
+    rounds: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class FilterContext:
     """What a filter may know of the connection a message travels on."""
@@ -80,6 +92,7 @@ class FilterContext:
     upstream: Endpoint | None = None  # the broker this connection relays to
     listener: str = ""
     look: BrokerNamesLook = field(default_factory=BrokerNamesLook, compare=False, repr=False)
+    identity: ClientIdentity = field(default_factory=ClientIdentity, compare=False)
 
     def may_name_brokers(self, api_key: int, version: int, payload: bytes, start: int) -> bool:
         """Whether the raw response from ``start`` on may carry broker endpoints to rewrite

@@ -17,7 +17,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 from kio.static.protocol import ResponsePayload
@@ -34,6 +34,7 @@ from proxy.kafka.wire import (
 )
 from proxy.runtime import metrics
 from proxy.runtime.chain import (
+    ClientIdentity,
     Close,
     FilterChain,
     FilterContext,
@@ -99,7 +100,11 @@ class ClientConnection:
         self._listener = listener
         self._resolve_upstream = resolve_upstream
         self._chain = chain
-        self._context = FilterContext(topology, listener=listener)
+        self._context = FilterContext(
+            topology,
+            listener=listener,
+            identity=ClientIdentity(certificate_principal(client_writer)),
+        )
         self._settings = settings
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._answers: asyncio.Queue[_Pending | None] = asyncio.Queue()
@@ -171,7 +176,7 @@ class ClientConnection:
                     open_upstream(endpoint, self._settings.upstream_tls),
                     self._settings.connect_timeout_s,
                 )
-                self._context = FilterContext(self._context.topology, endpoint, self._listener)
+                self._context = replace(self._context, upstream=endpoint)
                 return streams
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{endpoint}: {exc or type(exc).__name__}")
@@ -306,3 +311,28 @@ def _limit_write_buffer(writer: asyncio.StreamWriter) -> None:
     transport = writer.transport
     if isinstance(transport, asyncio.WriteTransport):
         transport.set_write_buffer_limits(high=_WRITE_BUFFER_HIGH)
+
+
+def certificate_principal(writer: asyncio.StreamWriter) -> str | None:
+    """Kafka's principal of a client that presented a certificate (mutual TLS): its
+    subject's distinguished name, most specific part first (RFC 2253), as Kafka names it."""
+    certificate = writer.get_extra_info("peercert")
+    if not certificate:
+        return None
+    parts = [
+        f"{_RDN_NAMES.get(name, name)}={value}"
+        for rdn in certificate.get("subject", ())
+        for name, value in rdn
+    ]
+    return "User:" + ",".join(reversed(parts)) if parts else None
+
+
+_RDN_NAMES = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "stateOrProvinceName": "ST",
+    "localityName": "L",
+    "domainComponent": "DC",
+}

@@ -18,9 +18,11 @@ import ssl
 import struct
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -176,7 +178,9 @@ def test_dedup_over_tls_holds_through_a_proxy_sigkill(
 ) -> None:
     """librdkafka with a client certificate through the proxy's TLS listener, the proxy to
     Kafka and Redis over TLS."""
-    produce_through_a_kill(tls_proxy, local_env, certs, client_tls(certs))
+    topic = produce_through_a_kill(tls_proxy, local_env, certs, client_tls(certs))
+    # The client certificate's subject is the principal its producer name is bound to.
+    assert principals(tls_proxy, topic) == {"secured-loader": "User:CN=client"}
 
 
 def test_dedup_over_sasl_ssl_holds_through_a_proxy_sigkill(
@@ -185,7 +189,69 @@ def test_dedup_over_sasl_ssl_holds_through_a_proxy_sigkill(
     """Kafka's SASL_SSL listeners only: the proxy authenticates its own connections with
     SCRAM-SHA-512 as user `proxy`; the client authenticates itself, through the proxy,
     with SCRAM-SHA-256 as user `client`."""
-    produce_through_a_kill(sasl_proxy, local_env, certs, client_sasl(certs, "SCRAM-SHA-256"))
+    topic = produce_through_a_kill(
+        sasl_proxy, local_env, certs, client_sasl(certs, "SCRAM-SHA-256")
+    )
+    assert principals(sasl_proxy, topic) == {"secured-loader": "User:client"}
+
+
+def test_a_producer_name_belongs_to_the_principal_that_used_it_first(
+    sasl_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls
+) -> None:
+    """User `client` writes as producer `orders`; user `proxy` (another principal) then
+    writes records under `orders` with the next sequences: refused, nothing written, while
+    its own name works. Once an operator releases `orders`, the next user to write owns it."""
+    topic = new_topic(local_env.bootstrap)
+    owner = DedupProducer(sasl_proxy.bootstrap, "orders", **client_sasl(certs, "PLAIN"))
+    for n in range(10):
+        owner.send(topic, f"real-{n}".encode(), sequence_id=n)
+    assert owner.flush(60) == 0
+    other = client_sasl(certs, "SCRAM-SHA-512") | {
+        "sasl.username": "proxy",
+        "sasl.password": certs.sasl_users["proxy"],
+    }
+    failures = send_as(sasl_proxy, other, topic, "orders", range(10, 15))
+    assert failures == ["TOPIC_AUTHORIZATION_FAILED"] * 5, failures
+    assert send_as(sasl_proxy, other, topic, "audit", range(5)) == []
+    written = [value for value, _ in read_all(local_env.tls_bootstrap, topic, **kafka_tls(certs))]
+    assert written == [f"real-{n}".encode() for n in range(10)] + [
+        f"audit-{n}".encode() for n in range(5)
+    ]
+    assert principals(sasl_proxy, topic) == {"orders": "User:client", "audit": "User:proxy"}
+
+    with urllib.request.urlopen(
+        urllib.request.Request(
+            f"{sasl_proxy.admin_url}/v1/topics/{topic}/principals/orders", method="DELETE"
+        ),
+        timeout=10,
+    ) as answer:
+        assert json.load(answer)["released"] is True
+    assert send_as(sasl_proxy, other, topic, "orders", range(10, 12)) == []
+    assert principals(sasl_proxy, topic)["orders"] == "User:proxy"
+
+
+def send_as(
+    proxy: ProxyProcess, config: dict[str, str], topic: str, name: str, sequences: range
+) -> list[str]:
+    """Send ``NAME-SEQ`` values as producer ``name``; the error names of failed deliveries."""
+    failures: list[str] = []
+
+    def on_delivery(error: Any, _message: object) -> None:
+        if error is not None:
+            failures.append(error.name())
+
+    producer = DedupProducer(proxy.bootstrap, name, **config)
+    for n in sequences:
+        producer.send(topic, f"{name}-{n}".encode(), sequence_id=n, on_delivery=on_delivery)
+    assert producer.flush(60) == 0
+    return failures
+
+
+def principals(proxy: ProxyProcess, topic: str) -> dict[str, str]:
+    url = f"{proxy.admin_url}/v1/topics/{topic}/principals"
+    with urllib.request.urlopen(url, timeout=10, context=proxy.admin_tls) as answer:
+        found: dict[str, str] = json.load(answer)["principals"]
+        return found
 
 
 def test_a_client_with_a_wrong_password_is_refused_by_kafka_through_the_proxy(
@@ -240,7 +306,7 @@ def test_the_java_producer_with_scram_over_tls_through_the_proxy(
 
 def produce_through_a_kill(
     proxy: ProxyProcess, env: EnvInfo, certs: LocalTls, client_config: dict[str, str]
-) -> None:
+) -> str:
     """A steady stream through `proxy`, which is killed with -9 after 100 records are
     acknowledged and a burst more is on its way, and started again as the same instance;
     the producer retries what was in flight, and a second producer re-sends the first 500.
@@ -281,6 +347,7 @@ def produce_through_a_kill(
     assert errors == []
     written = [value for value, _ in read_all(env.tls_bootstrap, topic, **kafka_tls(certs))]
     assert_exactly_once_in_order(written, TOTAL)
+    return topic
 
 
 def test_a_client_without_a_certificate_is_refused(
