@@ -12,6 +12,7 @@ POST   /v1/producer-names                                          a unique prod
 GET    /v1/snapshots              per partition this proxy writes: recovery, snapshot offset, age
 POST   /v1/topics/{topic}/partitions/{partition}/snapshot          take a snapshot now
 POST   /v1/topics/{topic}/partitions/{partition}/recover[?wait_s=N] recover from the log now
+POST   /v1/topics/{topic}/partitions/{partition}/producers/{name}/reset  forget one producer
 GET    /v1/topics/{topic}/principals              producer name -> the principal it belongs to
 DELETE /v1/topics/{topic}/principals/{name}       release a name (the next principal owns it)
 
@@ -230,6 +231,23 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
             }
         )
 
+    async def reset_producer(request: web.Request) -> web.Response:
+        topic, partition, name = _topic(request), _partition(request), request.match_info["name"]
+        try:
+            offset = await service.reset_producer(topic, partition, name)
+        except (SnapshotError, RedisError, OSError, TimeoutError) as exc:
+            raise web.HTTPServiceUnavailable(
+                text=f"reset of {name} on {topic}/{partition} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        if offset is None:
+            raise web.HTTPConflict(
+                text=f"{topic}/{partition} is not recovered by this proxy (another instance "
+                "owns it, or it was never written through it): reset it where it is owned"
+            )
+        return web.json_response(
+            {"topic": topic, "partition": partition, "producer": name, "offset": offset}
+        )
+
     async def principals(request: web.Request) -> web.Response:
         topic = _topic(request)
         return web.json_response(
@@ -244,6 +262,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
 
     app.router.add_get("/v1/ownership", ownership)
     app.router.add_get(base + "/principals", principals)
+    app.router.add_post(base + "/partitions/{partition}/producers/{name}/reset", reset_producer)
     app.router.add_delete(base + "/principals/{name}", release_principal)
     app.router.add_get(base + "/partitions/{partition}/producers/{name}", last_sequence)
     app.router.add_get(base + "/producers/{name}", topic_last_sequence)

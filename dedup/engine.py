@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -208,6 +208,28 @@ class DedupEngine:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    @contextlib.asynccontextmanager
+    async def holding(self, key: Key, timeout_s: float = 30.0) -> AsyncIterator[PartitionState]:
+        """The partition with nothing in flight (an operator's reset): every request
+        admitted before is written or refused, and the ones admitted meanwhile wait their
+        turn behind this one. `TimeoutError` when that takes longer than ``timeout_s``."""
+        state = self._partitions.of(key)
+        ahead = state.last_in_line
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        state.last_in_line = turn
+        try:
+            async with asyncio.timeout(timeout_s):
+                if ahead is not None:
+                    await asyncio.shield(ahead)  # a timeout must not cancel others' turn
+                # Outcomes still to come. Polled: `pending` has no event of its own, and
+                # an operator's reset is rare.
+                while state.pending or not state.open.is_set():  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            yield state
+        finally:
+            if not turn.done():
+                turn.set_result(None)
 
     def request_recovery(self, partitions: list[Key], reason: str) -> None:
         """Recover these partitions (again): start-up, operator request."""

@@ -34,7 +34,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 from confluent_kafka import Consumer, TopicPartition
@@ -204,6 +204,8 @@ class Recovery:
             )
         snapshot = self._choose(key, end, stored)
         start = 0 if snapshot is None else snapshot.offset
+        if snapshot is not None:
+            snapshot = without_reset(snapshot, stored.resets)
         async with self._replays:
             replayed = await asyncio.to_thread(
                 replay_partition,
@@ -216,6 +218,7 @@ class Recovery:
                 progress=_progress_logger(topic, partition, end),
                 timeout_s=self._replay_timeout_s,
                 config=self._kafka_config,
+                resets=stored.resets,
                 chunks=None
                 if snapshot is None
                 else {p: c.progress for p, c in snapshot.chunks.items()},
@@ -362,3 +365,17 @@ def _progress_logger(topic: str, partition: int, end: int) -> Callable[[int, int
             )
 
     return progress
+
+
+def without_reset(snapshot: Snapshot, resets: Mapping[str, int]) -> Snapshot:
+    """The snapshot without the producers an operator reset at or past its offset: what it
+    holds of them may predate the reset (one taken at the reset's offset after the reset
+    holds nothing of them; one taken past it holds only what followed the reset)."""
+    gone = {name for name, offset in resets.items() if offset >= snapshot.offset}
+    if not gone & (snapshot.producers.keys() | snapshot.chunks.keys()):
+        return snapshot
+    return replace(
+        snapshot,
+        producers={p: e for p, e in snapshot.producers.items() if p not in gone},
+        chunks={p: c for p, c in snapshot.chunks.items() if p not in gone},
+    )

@@ -24,12 +24,15 @@ an error message or a log line has its password masked (`redacted`).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 from urllib.parse import unquote
 
 import redis.asyncio
+import redis.exceptions
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
@@ -55,11 +58,11 @@ def redis_from_url(url: str, **kwargs: Any) -> AnyRedis:
         raise ValueError(f"not a Redis URL (no scheme://): {redacted(url)!r}")
     kwargs.setdefault("retry", no_retry())
     if scheme in _SINGLE_SCHEMES:
-        return redis.asyncio.from_url(url, **kwargs)
+        return _cancel_safe(redis.asyncio.from_url(url, **kwargs))
     if scheme == SENTINEL_SCHEME:
-        return _sentinel(url, **kwargs)
+        return _cancel_safe(_sentinel(url, **kwargs))
     if scheme == CLUSTER_SCHEME:
-        return _cluster(url, **kwargs)
+        return _cancel_safe(_cluster(url, **kwargs))
     known = ", ".join(f"{s}://" for s in (*_SINGLE_SCHEMES, SENTINEL_SCHEME, CLUSTER_SCHEME))
     raise ValueError(
         f"unknown Redis URL scheme {scheme!r} in {redacted(url)!r}: use one of {known}"
@@ -152,6 +155,62 @@ class _SentinelPrimary(redis.asyncio.Redis):
         if isinstance(pool, SentinelConnectionPool):
             for sentinel in pool.sentinel_manager.sentinels:
                 await sentinel.aclose()
+
+
+class _CancelSafeWrites:
+    """Writes bounded by `asyncio.timeout`, not `asyncio.wait_for`.
+
+    redis-py bounds each write with `asyncio.wait_for` when a socket timeout is set. On
+    Python 3.11 that loses a cancellation arriving just as the write completes (CPython
+    gh-86296, fixed in 3.12): the cancelled task goes on as if nothing happened, so a
+    connection being drained never ends and a stopped loop never stops. Reads are already
+    bounded with `asyncio.timeout` by redis-py itself.
+    """
+
+    socket_timeout: float | None
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        timeout = self.socket_timeout
+        if not timeout:
+            await super().send_packed_command(command, check_health)  # type: ignore[misc]
+            return
+        self.socket_timeout = None  # the write below then goes without wait_for
+        try:
+            async with asyncio.timeout(timeout):
+                await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        except TimeoutError:  # the connection was dropped on the way (redis-py does that)
+            raise redis.exceptions.TimeoutError("Timeout writing to socket") from None
+        finally:
+            self.socket_timeout = timeout
+
+
+_SAFE_CLASSES: dict[type, type] = {}
+
+
+def _safe_class(connection_class: type) -> type:
+    if issubclass(connection_class, _CancelSafeWrites):
+        return connection_class
+    safe = _SAFE_CLASSES.get(connection_class)
+    if safe is None:
+        name = f"CancelSafe{connection_class.__name__}"
+        safe = _SAFE_CLASSES[connection_class] = type(
+            name, (_CancelSafeWrites, connection_class), {}
+        )
+    return safe
+
+
+def _cancel_safe(client: AnyRedis) -> AnyRedis:
+    """The client, its connections made of `_CancelSafeWrites` classes (whatever class
+    the URL chose: TCP, TLS, Unix socket, Sentinel-managed, a cluster node's)."""
+    if isinstance(client, RedisCluster):
+        kwargs = client.nodes_manager.connection_kwargs
+        kwargs["connection_class"] = _safe_class(kwargs.get("connection_class", Connection))
+        for node in client.nodes_manager.startup_nodes.values():
+            node.connection_class = _safe_class(node.connection_class)
+    else:
+        pool = client.connection_pool
+        pool.connection_class = _safe_class(pool.connection_class)
+    return client
 
 
 def _split(url: str) -> tuple[str, str]:

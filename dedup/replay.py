@@ -337,6 +337,12 @@ class Fold:
     def identified(self) -> int:
         return self.records - self.skipped
 
+    def forget(self, name: str) -> None:
+        """Drop a producer (an operator reset it here): what follows counts from nothing."""
+        raw = name.encode("utf-8")
+        self._entries.pop(raw, None)
+        self._chunks.pop(raw, None)
+
     def highest(self) -> dict[str, tuple[int, int]]:
         """Per producer its highest complete sequence and newest timestamp."""
         names = self._names
@@ -371,6 +377,7 @@ def replay_partition(
     timeout_s: float = 60.0,
     config: Mapping[str, str] | None = None,
     chunks: Mapping[str, ChunkProgress] | None = None,
+    resets: Mapping[str, int] | None = None,
 ) -> ReplayResult:
     """Read ``topic``/``partition`` over ``[start, end)`` and return the highest sequence and
     the newest timestamp of every producer found there.
@@ -383,7 +390,9 @@ def replay_partition(
     position did not advance for ``timeout_s`` before the end was reached. ``config`` is
     added to the consumer's settings (security settings, or to override `CONSUMER_SETTINGS`).
     A negative ``start`` is a `ValueError`. ``chunks`` are the chunked messages in progress
-    at ``start`` (the snapshot's), which the replay continues.
+    at ``start`` (the snapshot's), which the replay continues. ``resets`` (producer -> the
+    offset an operator reset it at, `SnapshotStore.write_resets`): such a producer's records
+    below its offset do not count; the replay forgets it on reaching the offset.
     """
     began = time.monotonic()
     if start < 0:
@@ -394,8 +403,33 @@ def replay_partition(
     settings: dict[str, Any] = {"bootstrap.servers": bootstrap, **CONSUMER_SETTINGS}
     settings.update(config or {})
     consumer = Consumer(settings)
+    # The replay runs in segments that end where a producer was reset, forgetting it there.
+    at: dict[int, list[str]] = {}
+    for name, offset in (resets or {}).items():
+        if start < offset < end:
+            at.setdefault(offset, []).append(name)
     try:
-        return _replay(consumer, topic, partition, start, end, fold, progress, timeout_s, began)
+        first: ReplayResult | None = None
+        segment_start = start
+        for segment_end in [*sorted(at), end]:
+            fold.end = segment_end
+            result = _replay(
+                consumer,
+                topic,
+                partition,
+                segment_start,
+                segment_end,
+                fold,
+                progress,
+                timeout_s,
+                began,
+            )
+            first = first or result
+            for name in at.get(segment_end, ()):
+                fold.forget(name)
+            segment_start = segment_end
+        assert first is not None
+        return _result(topic, partition, first.start, end, fold, first.truncated_start, began)
     except KafkaException as exc:
         raise ReplayError(f"replay of {topic}/{partition} failed: {exc}") from exc
     finally:

@@ -238,6 +238,27 @@ class DedupService:
         await self.snapshots.close()
         await self.redis.aclose()
 
+    async def reset_producer(self, topic: str, partition: int, producer: str) -> int | None:
+        """Forget one producer on a partition (an operator's decision: a producer that was
+        forged, or restarts its sequences): its next record is new whatever its sequence.
+        Recorded in the snapshot topic first, with the partition's end, so a recovery
+        (snapshot or replay) honours it too. The offset recorded; None when the partition
+        is not recovered here (another instance owns it, or it was never written here)."""
+        key = (topic, partition)
+        state = self.engine.partition_states().get(key)
+        if state is None or not state.recovered:
+            return None
+        async with self.engine.holding(key) as held:
+            if not held.recovered:
+                return None
+            end = held.cursor.safe_end
+            stored = (await self.snapshots.read([key]))[key]
+            await self.snapshots.write_resets(topic, partition, {**stored.resets, producer: end})
+            await self.engine.flush_persisted()
+            await self.state.forget_producer(topic, partition, producer)
+        log.info("producer reset", topic=topic, partition=partition, producer=producer, offset=end)
+        return end
+
     async def topic_partitions(self, topic: str) -> list[int]:
         """The topic's partitions as Kafka reports them (empty: no such topic)."""
 

@@ -351,6 +351,9 @@ class StoredSnapshots:
     valid: tuple[Snapshot, ...] = ()  # newest first (by offset, then generation)
     # One description per slot whose latest record does not decode or does not belong there.
     corrupt: tuple[str, ...] = ()
+    # Producers reset by an operator: name -> the partition's end offset at the reset.
+    # Their records below it no longer count (`dedup.replay`, `dedup.recovery`).
+    resets: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def newest(self) -> Snapshot | None:
@@ -364,6 +367,7 @@ class _TopicInfo:
 
 
 _ParsedKey = tuple[str, int, int | None]  # topic, partition, slot (None: the slot is bad)
+RESETS_SLOT: Final = -1  # the key `TOPIC/PARTITION/resets`: the partition's producer resets
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +380,21 @@ class _Record:
 
 
 _SHOW_SKIPPED: Final = 10  # skipped records described in the log, at most
+
+
+def decode_resets(value: bytes) -> dict[str, int]:
+    """The producer resets a resets record holds (`SnapshotStore.write_resets`)."""
+    try:
+        data = json.loads(value)
+        resets = data["resets"]
+        if not isinstance(resets, dict) or not all(
+            isinstance(name, str) and type(offset) is int and offset >= 0
+            for name, offset in resets.items()
+        ):
+            raise ValueError("not a map of producer name to offset")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptSnapshot(f"not a producer resets record: {exc}") from None
+    return dict(resets)
 
 
 def _parse_key(key: bytes | None) -> _ParsedKey | None:
@@ -392,6 +411,8 @@ def _parse_key(key: bytes | None) -> _ParsedKey | None:
     partition = int(partition_text)
     if partition > _INT32_MAX or str(partition) != partition_text:
         return None
+    if slot_text == "resets":
+        return topic, partition, RESETS_SLOT
     slot = int(slot_text) if slot_text in {"0", "1"} else None
     return topic, partition, slot
 
@@ -665,6 +686,25 @@ class SnapshotStore:
             took_ms=round((time.monotonic() - started) * 1000, 1),
         )
 
+    async def write_resets(self, topic: str, partition: int, resets: Mapping[str, int]) -> None:
+        """Record a partition's producer resets (all of them: the key is compacted, the
+        latest record counts); returns once Kafka acknowledged it (acks=all)."""
+        self._check_open()
+        partitions = await self._partition_count(refresh=self._last_write_failed)
+        if partitions is None:
+            raise SnapshotError(f"snapshot topic {self._topic!r} does not exist")
+        target = snapshot_partition(topic, partition, partitions)
+        producer = self._get_producer()
+        value = json.dumps({"resets": dict(sorted(resets.items()))}).encode()
+        error = await asyncio.to_thread(
+            self._produce, producer, f"{topic}/{partition}/resets", value, target
+        )
+        if error is not None:
+            raise SnapshotError(
+                f"writing the producer resets of {topic}/{partition} to "
+                f"{self._topic}[{target}] failed: {error.str()} ({error.name()})"
+            )
+
     def _produce(
         self, producer: Producer, key: str, value: bytes, target: int
     ) -> KafkaError | None:
@@ -726,11 +766,19 @@ class SnapshotStore:
         records, skipped = await asyncio.to_thread(self._read_partitions, homes)
         valid: dict[tuple[str, int], list[Snapshot]] = {key: [] for key in wanted}
         corrupt: dict[tuple[str, int], list[str]] = {key: [] for key in wanted}
+        resets: dict[tuple[str, int], dict[str, int]] = {key: {} for key in wanted}
         for record in sorted(records, key=lambda r: (r.partition, r.offset)):
             topic, partition, slot = record.names
             if record.value is None:  # a tombstone: the slot is empty
                 continue
             where = f"{self._topic}[{record.partition}]@{record.offset} key {_show(record.key)}"
+            if slot == RESETS_SLOT:
+                try:
+                    resets[topic, partition] = decode_resets(record.value)
+                except CorruptSnapshot as exc:  # nothing to fall back to: say it loudly
+                    corrupt[topic, partition].append(f"{where}: {exc}")
+                    log.error("corrupt producer resets record", where=where, reason=str(exc))
+                continue
             try:
                 if slot is None:
                     raise CorruptSnapshot("the key's slot is not 0 or 1")
@@ -766,6 +814,7 @@ class SnapshotStore:
                     sorted(valid[key], key=lambda s: (s.offset, s.generation), reverse=True)
                 ),
                 corrupt=tuple(corrupt[key]),
+                resets=resets[key],
             )
         log.info(
             "snapshots read",

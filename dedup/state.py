@@ -569,6 +569,17 @@ class DedupState:
             pipe.srem(set_key, str(partition))
         await pipe.execute()
 
+    async def forget_producer(self, topic: str, partition: int, producer: str) -> bool:
+        """Remove one producer from every map of the partition (an operator's reset);
+        whether it was there."""
+        pushed, persisted, seen, _, pushed_chunk, persisted_chunk, _ = self._keys(topic, partition)
+        async with self._redis.pipeline(transaction=True) as pipe:  # one slot: MULTI works
+            for key in (pushed, persisted, pushed_chunk, persisted_chunk):
+                pipe.hdel(key, producer)
+            pipe.zrem(seen, producer)
+            removed = await pipe.execute()
+        return any(removed)
+
     async def purge_idle(self, topic: str, partition: int, older_than_ms: int) -> list[str]:
         """Remove the producers last seen before older_than_ms from every map; their names."""
         (idle,) = await self._run([(_PURGE, self._keys(topic, partition), [str(older_than_ms)])])

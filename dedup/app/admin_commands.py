@@ -190,6 +190,20 @@ def recover(
     )
 
 
+def reset_producer(
+    topic: Annotated[str, typer.Argument(help="the topic")],
+    partition: Annotated[int, typer.Argument(help="the partition")],
+    producer: Annotated[str, typer.Argument(help="the producer name")],
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+) -> None:
+    """Forget one producer on a partition: its next record is new whatever its sequence
+    (recorded in the snapshot topic, so a recovery honours it)."""
+    quoted, name = urllib.parse.quote(topic, safe=""), urllib.parse.quote(producer, safe="")
+    path = f"/v1/topics/{quoted}/partitions/{partition}/producers/{name}/reset"
+    answer = _call(admin_url, "POST", path)
+    typer.echo(f"producer {producer} reset on {topic}/{partition} at offset {answer['offset']}")
+
+
 def _scope(scope: str) -> str:
     if scope not in ("global", "prefix", "topic"):
         raise typer.BadParameter(f"scope must be global, prefix or topic, not {scope!r}")

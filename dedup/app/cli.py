@@ -8,7 +8,14 @@ from typing import Annotated
 
 import typer
 
-from dedup.app.admin_commands import policy_app, producers, recover, snapshot, snapshots
+from dedup.app.admin_commands import (
+    policy_app,
+    producers,
+    recover,
+    reset_producer,
+    snapshot,
+    snapshots,
+)
 from dedup.app.plugins import add_plugin_commands
 from dedup.app.settings import Settings, load_settings
 from dedup.ownership.members import DuplicateInstance
@@ -27,6 +34,7 @@ app.command("producers")(producers)
 app.command("snapshots")(snapshots)
 app.command("snapshot")(snapshot)
 app.command("recover")(recover)
+app.command("reset-producer")(reset_producer)
 
 
 @app.command()

@@ -27,6 +27,7 @@ from deploy.processes import port_open
 from tests.support.kafka_io import assert_exactly_once_in_order, values
 from tests.support.load import SequencedProducer
 from tests.support.ports import RECOVERY, REDIS_RELAY
+from tests.support.proxy_api import admin_call
 from tests.support.raw import explicit_batch, produce_raw, produce_request
 from tests.support.relay import Relay
 from tests.support.restartable import RestartableProxy
@@ -505,3 +506,57 @@ def test_operations_from_the_shell(restartable: RestartableProxy, local_env: Env
         timeout=60,
     )
     assert refused.returncode != 0 and "is not recovered by this proxy" in refused.stderr
+
+
+# ----------------------------------------------------------------------------- producer reset
+
+
+@pytest.mark.parametrize("snapshot_at", [None, 50, 51], ids=["none", "before", "at-reset"])
+def test_a_reset_producer_stays_reset_after_redis_is_lost(
+    restartable: RestartableProxy, local_env: EnvInfo, snapshot_at: int | None
+) -> None:
+    """A forged record of sequence 10^12 silences producer `p` (its next records read as
+    duplicates); an operator resets `p`; its records count again; then the proxy is killed
+    and Redis flushed, so the state comes back from the log alone: replayed from the start
+    (the replay forgets `p` at the reset's offset), or from a snapshot taken before the
+    forged record, or from one at the reset's offset but before it."""
+    topic = new_topic(local_env.bootstrap)
+    proxy = restartable.start()
+    blind_resend(proxy, topic, "p", range(50), prefix="a")
+    if snapshot_at == 50:
+        taken = admin_call(proxy, "POST", f"/v1/topics/{topic}/partitions/0/snapshot")
+        assert taken["offset"] == 50
+    forged = Producer({"bootstrap.servers": proxy.bootstrap})
+    forged.produce(
+        topic, b"forged", headers=[("dedup.producer", "p"), ("dedup.sequence", "1000000000000")]
+    )
+    assert forged.flush(60) == 0
+    blind_resend(proxy, topic, "p", range(50, 55), prefix="lost")  # silenced: duplicates
+    if snapshot_at == 51:
+        taken = admin_call(proxy, "POST", f"/v1/topics/{topic}/partitions/0/snapshot")
+        assert taken["offset"] == 51
+    reset = admin_call(proxy, "POST", f"/v1/topics/{topic}/partitions/0/producers/p/reset")
+    assert reset["offset"] == 51  # the partition's end: 50 records and the forged one
+    blind_resend(proxy, topic, "p", range(50, 60), prefix="b")  # new again
+    written = values(local_env.bootstrap, topic)
+    assert written == [f"a{n}".encode() for n in range(50)] + [b"forged"] + [
+        f"b{n}".encode() for n in range(50, 60)
+    ]
+
+    restartable.kill()
+    redis.Redis.from_url(restartable.redis_url).flushdb()
+    if snapshot_at is None:  # the snapshotter's own snapshots go: a replay from the start
+        tombstones = Producer({"bootstrap.servers": restartable.env.bootstrap})
+        for generation in (0, 1):
+            tombstones.produce(
+                restartable.snapshot_topic,
+                None,
+                key=slot_key(topic, 0, generation),
+                partition=snapshot_partition(topic, 0, 1),
+            )
+        assert tombstones.flush(30) == 0
+    proxy = restartable.start()
+    blind_resend(proxy, topic, "p", range(55, 61), prefix="b")  # 55..59 again, then 60
+    assert values(local_env.bootstrap, topic) == [*written, b"b60"]
+    recovered = recoveries(restartable, topic=topic)
+    assert f'"snapshot_offset": {"null" if snapshot_at is None else snapshot_at}' in recovered[-1]

@@ -13,12 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dedup.chunks import MAX_CHUNK_COUNT, MAX_TOTAL_SIZE, ChunkProgress
+from dedup.recovery import without_reset
 from dedup.snapshots import (
     MAGIC,
+    RESETS_SLOT,
     ChunkEntry,
     CorruptSnapshot,
     ProducerEntry,
     Snapshot,
+    _parse_key,
+    decode_resets,
     slot_key,
     snapshot_partition,
 )
@@ -342,3 +346,36 @@ def test_keys_and_placement() -> None:
     assert slot_key("orders", 3, 8) == "orders/3/0"
     assert snapshot_partition("orders", 3, 8) == zlib.crc32(b"orders/3") % 8
     assert snapshot_partition("orders", 3, 1) == 0
+
+
+# ----------------------------------------------------------------------------- producer resets
+
+
+def test_a_reset_at_or_past_the_snapshot_drops_the_producer_from_it() -> None:
+    taken = snapshot(offset=1000)
+    assert without_reset(taken, {}) is taken
+    assert without_reset(taken, {"a": 999}) is taken  # reset before: the snapshot is after it
+    assert set(without_reset(taken, {"a": 1000}).producers) == {"b"}  # maybe taken before it
+    assert set(without_reset(taken, {"a": 5000, "b": 1001}).producers) == set()
+    assert without_reset(taken, {"zzz": 5000}) is taken  # not in the snapshot
+
+
+def test_resets_records_decode_or_are_corrupt() -> None:
+    assert decode_resets(b'{"resets": {"p": 51, "q": 0}}') == {"p": 51, "q": 0}
+    for bad in (
+        b"",
+        b"[]",
+        b'{"resets": []}',
+        b'{"resets": {"p": -1}}',
+        b'{"resets": {"p": "51"}}',
+        b'{"resets": {"p": true}}',
+        b'{"other": {}}',
+    ):
+        with pytest.raises(CorruptSnapshot):
+            decode_resets(bad)
+
+
+def test_a_resets_key_names_its_partition() -> None:
+    assert _parse_key(b"orders/3/resets") == ("orders", 3, RESETS_SLOT)
+    assert _parse_key(b"orders/3/1") == ("orders", 3, 1)
+    assert _parse_key(b"orders/3/reset") == ("orders", 3, None)
