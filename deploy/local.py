@@ -443,6 +443,7 @@ class LocalEnvironment:
                     self._redis(state).remove()
             self._save_state(state)
             nodes = list(range(state.brokers))
+            self._stop_outdated_nodes(state)
             self._start_nodes(state, [n for n in nodes if not self._node_process(n).is_running()])
             self._start_redis_processes(state)
             deadline = time.monotonic() + timeout
@@ -701,18 +702,35 @@ class LocalEnvironment:
     def _formatted(self, node_id: int) -> bool:
         return (self.node_dir(node_id) / "data" / "meta.properties").is_file()
 
-    def _write_node_config(self, state: _State, node_id: int) -> Path:
-        node = self.node_dir(node_id)
-        (node / "logs").mkdir(parents=True, exist_ok=True)
+    def _node_config(self, state: _State, node_id: int) -> str:
+        """The text of a node's server.properties as this version of the lab writes it."""
         tls = self.tls.ensure()
         security = config.KafkaSecurity(tls.keystore_file, tls.keystore_password, tls.sasl_users)
         props = config.server_properties(
-            node_id, state.brokers, _ports(state), node / "data", security
+            node_id, state.brokers, _ports(state), self.node_dir(node_id) / "data", security
         )
-        path = node / "server.properties"
         header = f"Local Kafka node {node_id} of {state.brokers}, cluster {state.cluster_id}."
-        path.write_text(config.render_properties(props, header))
+        return config.render_properties(props, header)
+
+    def _write_node_config(self, state: _State, node_id: int) -> Path:
+        node = self.node_dir(node_id)
+        (node / "logs").mkdir(parents=True, exist_ok=True)
+        path = node / "server.properties"
+        path.write_text(self._node_config(state, node_id))
         return path
+
+    def _stop_outdated_nodes(self, state: _State) -> None:
+        """Stop running nodes started with another configuration than this version's (an
+        older checkout's: without the TLS listeners, say); they start again with it."""
+        outdated = []
+        for node in range(state.brokers):
+            path = self.node_dir(node) / "server.properties"
+            if self._node_process(node).is_running() and (
+                not path.is_file() or path.read_text() != self._node_config(state, node)
+            ):
+                outdated.append(self._node_process(node))
+        if outdated:
+            stop_all(outdated, STOP_TIMEOUT)
 
     def _format_storage(self, state: _State) -> None:
         """kafka-storage format for every node, in parallel (each is a JVM start)."""
@@ -799,7 +817,9 @@ class LocalEnvironment:
     def _ensure_scram_users(self, state: _State) -> None:
         """The SASL users' SCRAM credentials (both mechanisms), in the cluster's metadata:
         asked on the plaintext listener; setting them again is harmless."""
-        admin = AdminClient({"bootstrap.servers": f"{HOST}:{_ports(state).client(0)}"})
+        admin = AdminClient(
+            {"bootstrap.servers": f"{HOST}:{_ports(state).client(0)}"}, logger=_quiet_logger()
+        )
         # One mechanism per request: Kafka refuses a user altered twice in one.
         for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512):
             upserts: list[Any] = [
