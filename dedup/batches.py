@@ -725,9 +725,10 @@ def _bounded_decompressed(
             return bytes(_codec.snappy_decode(data))
         if codec == CODEC_LZ4:
             # lz4.frame.decompress, as kafka.codec uses, reads the first frame only.
-            decompressed: bytes = lz4.frame.LZ4FrameDecompressor().decompress(
-                payload.tobytes(), limit
-            )
+            decompressor = lz4.frame.LZ4FrameDecompressor()
+            decompressed: bytes = decompressor.decompress(payload.tobytes(), limit)
+            if not decompressor.eof and len(decompressed) < limit:
+                return None  # an incomplete frame: the reference reader refuses it, and why
             return decompressed
         reader = zstandard.ZstdDecompressor().stream_reader(
             io.BytesIO(payload), read_across_frames=True

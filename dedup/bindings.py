@@ -1,6 +1,7 @@
 """Producer names bound to principals: on a topic, a producer name belongs to the
-principal whose client first used it, so an authenticated client cannot write under
-another client's producer name (and make its records read as duplicates).
+principal whose client first used it (or, for names under a configured prefix, to the
+principal the prefix names), so an authenticated client cannot write under another
+client's producer name (and make its records read as duplicates).
 
 Only authenticated connections (SASL, or a client certificate: `proxy.filters.principal`)
 are checked and bind names; an anonymous connection is not checked. The binding lives in
@@ -14,7 +15,7 @@ the hot path.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -25,11 +26,18 @@ MAX_CACHED = 200_000
 
 class ProducerBindings:
     def __init__(
-        self, redis: Redis | RedisCluster, key_prefix: str = "dedup", cache_s: float = 30.0
+        self,
+        redis: Redis | RedisCluster,
+        key_prefix: str = "dedup",
+        cache_s: float = 30.0,
+        prefixes: Mapping[str, str] | None = None,
     ) -> None:
+        """``prefixes``: name prefix -> the principal every name starting with it belongs
+        to, whoever used it first (the longest prefix wins; other names: first use)."""
         self._redis = redis
         self._key_prefix = key_prefix
         self._cache_s = cache_s
+        self._prefixes = sorted((prefixes or {}).items(), key=lambda item: -len(item[0]))
         self._owners: dict[tuple[str, str], tuple[str, float]] = {}  # -> owner, read at
 
     def key(self, topic: str) -> str:
@@ -40,6 +48,13 @@ class ProducerBindings:
         principal (name -> owner). Names seen for the first time are bound to
         ``principal``. Raises RedisError when Redis does not answer."""
         names = set(names)
+        foreign: dict[str, str] = {}
+        for name in list(names):
+            owner = self.configured_owner(name)
+            if owner is not None:
+                names.discard(name)
+                if owner != principal:
+                    foreign[name] = owner
         now = time.monotonic()
         unknown = [
             name
@@ -58,9 +73,17 @@ class ProducerBindings:
                 self._owners.clear()
             for name, owner in zip(unknown, owners, strict=True):
                 self._owners[(topic, name)] = (_text(owner), now)
-        return {
-            name: owner for name in names if (owner := self._owners[(topic, name)][0]) != principal
-        }
+        for name in names:
+            if (owner := self._owners[(topic, name)][0]) != principal:
+                foreign[name] = owner
+        return foreign
+
+    def configured_owner(self, name: str) -> str | None:
+        """The principal a configured prefix gives ``name`` to, if any."""
+        for prefix, owner in self._prefixes:
+            if name.startswith(prefix):
+                return owner
+        return None
 
     async def owners(self, topic: str) -> dict[str, str]:
         """Every binding of the topic (the admin API)."""

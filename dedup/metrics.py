@@ -19,6 +19,10 @@ EVICTIONS = Counter(
 SNAPSHOTS = Counter(
     "dedup_snapshots_total", "Snapshots of a partition's dedup state, by result", ["result"]
 )
+SNAPSHOT_PRODUCERS_DROPPED = Counter(
+    "dedup_snapshot_producers_dropped_total",
+    "Producers left out of a snapshot to keep it within the snapshot topic's record size",
+)
 SNAPSHOT_AGE = Gauge(
     "dedup_snapshot_age_seconds",
     "Age of the oldest latest snapshot among the partitions this proxy has recovered",

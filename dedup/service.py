@@ -75,7 +75,9 @@ class DedupService:
             **settings.redis_tls,
         )
         prefix = settings.redis_key_prefix
-        self.bindings = ProducerBindings(self.redis, prefix)
+        self.bindings = ProducerBindings(
+            self.redis, prefix, prefixes=settings.producer_name_prefixes
+        )
         self.state = DedupState(
             self.redis,
             key_prefix=prefix,

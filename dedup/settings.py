@@ -38,6 +38,12 @@ class DedupSettings(BaseSettings):
         "authenticated client used it first; another principal's records under it are "
         "refused (TOPIC_AUTHORIZATION_FAILED); anonymous connections are not checked",
     )
+    producer_name_prefixes: dict[str, str] = Field(
+        default_factory=dict,
+        description="name prefix -> principal (JSON in the environment, e.g. "
+        '{"orders-": "User:orders-app"}): names starting with it belong to that principal '
+        "whoever used them first (with bind_producer_names)",
+    )
     redis_tls_ca_file: Path | None = Field(
         default=None,
         description="PEM CA bundle that Redis's certificate chains to (a rediss:// URL; "

@@ -329,6 +329,22 @@ class Snapshot:
             chunks={n: c for n, c in self.chunks.items() if n in kept},
         )
 
+    def within_bytes(self, max_bytes: int = MAX_SNAPSHOT_BYTES) -> Snapshot:
+        """At most ``max_bytes`` encoded: the most recently seen producers that fit (long
+        names can make even `capped` too big for the topic, and a snapshot that never fits
+        would fail for ever)."""
+        if len(self.encode()) <= max_bytes:
+            return self
+        count = len(self.producers.keys() | self.chunks.keys())
+        low, high = 0, count  # `low` producers fit; `high` do not
+        while high - low > 1:
+            middle = (low + high) // 2
+            if len(self.capped(middle).encode()) <= max_bytes:
+                low = middle
+            else:
+                high = middle
+        return self.capped(low)
+
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # A name given twice would make one of the two entries silently win.

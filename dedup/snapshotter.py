@@ -168,6 +168,22 @@ class Snapshotter:
                 # Chunked messages in progress: a recovery continues them exactly.
                 chunks={p: ChunkEntry(c, seen) for p, (c, seen) in view.chunks.items()},
             ).capped(self._policy.max_producers)
+            fitted = snapshot.within_bytes()
+            if fitted is not snapshot:
+                metrics.SNAPSHOT_PRODUCERS_DROPPED.inc(
+                    len(snapshot.producers)
+                    + len(snapshot.chunks)
+                    - len(fitted.producers)
+                    - len(fitted.chunks)
+                )
+                log.warning(
+                    "snapshot over its byte bound: the least recently seen producers left out",
+                    topic=topic,
+                    partition=partition,
+                    kept=len(fitted.producers),
+                    of=len(snapshot.producers),
+                )
+                snapshot = fitted
             await self._store.write(snapshot)
             state.snapshot_generation += 1
             state.snapshot_offset = offset

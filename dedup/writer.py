@@ -509,7 +509,10 @@ class IdempotentWriter:
     ) -> dict[tuple[str, int], WriteResult] | None:
         """Per-partition results, or None when the request's fate is unknown."""
         try:
-            response = await asyncio.wait_for(answer, timeout_ms / 1000 + self._timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancellation
+            # that arrives with the answer (CPython gh-86296).
+            async with asyncio.timeout(timeout_ms / 1000 + self._timeout_s):
+                response = await answer
         except (LinkClosed, OSError, TimeoutError):
             return None
         results: dict[tuple[str, int], WriteResult] = {}

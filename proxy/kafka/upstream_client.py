@@ -76,9 +76,10 @@ class UpstreamClient:
         self._closed: BaseException | None = None
 
     async def connect(self) -> UpstreamClient:
-        reader, self._writer = await asyncio.wait_for(
-            open_upstream(self.endpoint, self._security.tls), self._timeout_s
-        )
+        # asyncio.timeout, not wait_for, here and below: on Python 3.11 wait_for loses a
+        # cancellation that arrives as the awaited work completes (CPython gh-86296).
+        async with asyncio.timeout(self._timeout_s):
+            reader, self._writer = await open_upstream(self.endpoint, self._security.tls)
         self._reader_task = asyncio.create_task(self._read_answers(reader))
         if self._security.sasl is not None:
             try:
@@ -120,7 +121,8 @@ class UpstreamClient:
         answer = self.send(payload)
         assert self._writer is not None
         await self._writer.drain()
-        return await asyncio.wait_for(answer, self._timeout_s)
+        async with asyncio.timeout(self._timeout_s):
+            return await answer
 
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         try:

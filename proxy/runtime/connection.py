@@ -172,10 +172,9 @@ class ClientConnection:
         errors = []
         for endpoint in candidates:
             try:
-                streams = await asyncio.wait_for(
-                    open_upstream(endpoint, self._settings.upstream_tls),
-                    self._settings.connect_timeout_s,
-                )
+                # asyncio.timeout: 3.11's wait_for can lose a shutdown's cancellation.
+                async with asyncio.timeout(self._settings.connect_timeout_s):
+                    streams = await open_upstream(endpoint, self._settings.upstream_tls)
                 self._context = replace(self._context, upstream=endpoint)
                 return streams
             except (OSError, TimeoutError) as exc:

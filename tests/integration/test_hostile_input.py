@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from dedup.client import DedupProducer
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
 from proxy.kafka.upstream_client import encode_request
-from tests.support.kafka_io import assert_exactly_once_in_order, values
+from tests.support.kafka_io import assert_exactly_once_in_order, read_all, values
 from tests.support.ports import JUMP_BOUND
 from tests.support.proxies import own_proxy
 from tests.support.raw import (
@@ -190,3 +191,79 @@ def test_a_partition_that_cannot_recover_holds_back_no_other(
     assert ghost_row["recovery_failing"]["last_error"]
     (real_row,) = [p for p in listed if p["partition"] == 0]
     assert real_row["recovered"] and real_row["recovery_failing"] is None
+
+
+FLOOD_REQUESTS = 3000
+FLOOD_RECORDS = 200  # per request, 500 B each: about 100 KB a request, 300 MB in all
+
+
+def test_an_acks_0_flood_is_read_only_as_fast_as_it_is_handled(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """One connection pours 3,000 acks=0 Produce requests through dedup (300 MB, every
+    request the same records: after the first, duplicates) without waiting for anything.
+    The proxy reads a request only once one of the connection's 64 slots is free, so the
+    flood waits in the socket, not in the proxy's memory: its RSS grows by far less than
+    the flood (without the bound it held every request read). Another connection is
+    answered meanwhile, and the records land once."""
+    topic = new_topic(local_env.bootstrap, partitions=2)
+    for partition in (0, 1):  # first use: both partitions recovered before the flood
+        first = produce_raw(
+            dedup_proxy, produce_request(topic, {partition: explicit_batch([("x", 0)])})
+        )
+        assert first.error_code == 0, first
+    batch = explicit_batch([("flood", n) for n in range(FLOOD_RECORDS)], value_size=500)
+    frame = encode_request(produce_request(topic, {1: batch}, acks=0), 1)
+    assert len(frame) > 90_000
+    port = dedup_proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+    baseline = rss_bytes(dedup_proxy.pid)
+    peak = baseline
+    flooding = threading.Event()
+    flooding.set()
+
+    def sample() -> None:
+        nonlocal peak
+        while flooding.is_set():
+            peak = max(peak, rss_bytes(dedup_proxy.pid))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    bystander = Bystander(dedup_proxy, topic).start()
+    started = time.monotonic()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+            for _ in range(FLOOD_REQUESTS):
+                sock.sendall(frame)
+        sent = time.monotonic()
+        # acks=0: no answer says when the proxy is done; the records say it.
+        wait_until(
+            lambda: len(read_all(local_env.bootstrap, topic, 1)) == 1 + FLOOD_RECORDS,
+            60,
+            "the flood's records landed",
+        )
+    finally:
+        bystander.stop()
+        flooding.clear()
+        sampler.join(5)
+    flood_bytes = len(frame) * FLOOD_REQUESTS
+    grew = peak - baseline
+    waited = bystander.longest_wait(started, sent)
+    print(
+        f"\nacks=0 flood: {flood_bytes / 1e6:.0f} MB sent in {sent - started:.1f} s; proxy RSS "
+        f"{baseline / 1e6:.0f} MB -> peak {peak / 1e6:.0f} MB (+{grew / 1e6:.0f} MB); another "
+        f"connection's longest wait {waited * 1000:.0f} ms"
+    )
+    assert grew < flood_bytes / 4, f"the proxy's memory grew by {grew / 1e6:.0f} MB"
+    assert waited < 5, f"another connection waited {waited:.1f} s"
+    landed = [value for value, _ in read_all(local_env.bootstrap, topic, 1)]
+    assert len(landed) == 1 + FLOOD_RECORDS  # the 2,999 copies were duplicates
+    assert len(set(landed)) == len(landed)
+    assert bystander.errors == []
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")

@@ -34,6 +34,7 @@ from deploy.processes import port_open
 from deploy.tls import LocalTls
 from tests.support.kafka_io import assert_exactly_once_in_order, read_all
 from tests.support.ports import SASL, TLS, TLS_REDIS
+from tests.support.proxies import own_proxy
 from tests.support.topics import new_topic
 
 pytestmark = pytest.mark.integration
@@ -85,28 +86,26 @@ def tls_proxy(
 ) -> Iterator[ProxyProcess]:
     """Every hop over TLS: clients (with certificates), Kafka, Redis, the admin API."""
     home = tmp_path_factory.mktemp("tls")
-    process = ProxyProcess(
+    process = own_proxy(
+        local_env,
+        TLS,
+        f"tls-{uuid.uuid4().hex[:8]}",
+        home / "proxy.log",
         upstream=local_env.tls_bootstrap,
-        listen_port=TLS.listen,
-        admin_port=TLS.admin,
-        extra_args=["--broker-port-base", str(TLS.broker_base), "--log-format", "json"],
-        env={
-            "DEDUP_PROXY_REDIS": tls_redis,
-            "DEDUP_PROXY_REDIS_TLS_CA_FILE": str(certs.ca_file),
-            "DEDUP_PROXY_REDIS_TLS_CERT_FILE": str(certs.client_cert_file),
-            "DEDUP_PROXY_REDIS_TLS_KEY_FILE": str(certs.client_key_file),
-            "DEDUP_PROXY_INSTANCE_ID": f"tls-{uuid.uuid4().hex[:8]}",
-            "DEDUP_PROXY_SNAPSHOT_TOPIC": f"__dedup_snapshots_tls_{uuid.uuid4().hex[:8]}",
-            "DEDUP_PROXY_LISTENER_TLS_CERT_FILE": str(certs.server_cert_file),
-            "DEDUP_PROXY_LISTENER_TLS_KEY_FILE": str(certs.server_key_file),
-            "DEDUP_PROXY_LISTENER_TLS_CLIENT_CA_FILE": str(certs.ca_file),
-            "DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL": "SSL",
-            "DEDUP_PROXY_UPSTREAM_TLS_CA_FILE": str(certs.ca_file),
-            "DEDUP_PROXY_ADMIN_TLS_CERT_FILE": str(certs.server_cert_file),
-            "DEDUP_PROXY_ADMIN_TLS_KEY_FILE": str(certs.server_key_file),
-        },
-        log_path=home / "proxy.log",
         admin_ca_file=certs.ca_file,
+        DEDUP_PROXY_REDIS=tls_redis,
+        DEDUP_PROXY_REDIS_TLS_CA_FILE=str(certs.ca_file),
+        DEDUP_PROXY_REDIS_TLS_CERT_FILE=str(certs.client_cert_file),
+        DEDUP_PROXY_REDIS_TLS_KEY_FILE=str(certs.client_key_file),
+        DEDUP_PROXY_INSTANCE_ID=f"tls-{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_SNAPSHOT_TOPIC=f"__dedup_snapshots_tls_{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_LISTENER_TLS_CERT_FILE=str(certs.server_cert_file),
+        DEDUP_PROXY_LISTENER_TLS_KEY_FILE=str(certs.server_key_file),
+        DEDUP_PROXY_LISTENER_TLS_CLIENT_CA_FILE=str(certs.ca_file),
+        DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL="SSL",
+        DEDUP_PROXY_UPSTREAM_TLS_CA_FILE=str(certs.ca_file),
+        DEDUP_PROXY_ADMIN_TLS_CERT_FILE=str(certs.server_cert_file),
+        DEDUP_PROXY_ADMIN_TLS_KEY_FILE=str(certs.server_key_file),
     ).start()
     yield process
     assert process.stop() == 0, f"proxy did not shut down cleanly; see {home / 'proxy.log'}"
@@ -123,25 +122,21 @@ def sasl_proxy(
     """In front of Kafka's SASL_SSL listeners only, with credentials of its own."""
     home = tmp_path_factory.mktemp("sasl")
     password = certs.sasl_users["proxy"]
-    process = ProxyProcess(
+    process = own_proxy(
+        local_env,
+        SASL,
+        f"{redis_key_prefix}-sasl",
+        home / "proxy.log",
         upstream=local_env.sasl_ssl_bootstrap,
-        listen_port=SASL.listen,
-        admin_port=SASL.admin,
-        extra_args=["--broker-port-base", str(SASL.broker_base), "--log-format", "json"],
-        env={
-            "DEDUP_PROXY_REDIS": local_env.redis,
-            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"{redis_key_prefix}-sasl",
-            "DEDUP_PROXY_INSTANCE_ID": f"sasl-{uuid.uuid4().hex[:8]}",
-            "DEDUP_PROXY_SNAPSHOT_TOPIC": f"__dedup_snapshots_sasl_{uuid.uuid4().hex[:8]}",
-            "DEDUP_PROXY_LISTENER_TLS_CERT_FILE": str(certs.server_cert_file),
-            "DEDUP_PROXY_LISTENER_TLS_KEY_FILE": str(certs.server_key_file),
-            "DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL": "SASL_SSL",
-            "DEDUP_PROXY_UPSTREAM_TLS_CA_FILE": str(certs.ca_file),
-            "DEDUP_PROXY_UPSTREAM_SASL_MECHANISM": "SCRAM-SHA-512",
-            "DEDUP_PROXY_UPSTREAM_SASL_USERNAME": "proxy",
-            "DEDUP_PROXY_UPSTREAM_SASL_PASSWORD": password,
-        },
-        log_path=home / "proxy.log",
+        DEDUP_PROXY_INSTANCE_ID=f"sasl-{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_SNAPSHOT_TOPIC=f"__dedup_snapshots_sasl_{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_LISTENER_TLS_CERT_FILE=str(certs.server_cert_file),
+        DEDUP_PROXY_LISTENER_TLS_KEY_FILE=str(certs.server_key_file),
+        DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL="SASL_SSL",
+        DEDUP_PROXY_UPSTREAM_TLS_CA_FILE=str(certs.ca_file),
+        DEDUP_PROXY_UPSTREAM_SASL_MECHANISM="SCRAM-SHA-512",
+        DEDUP_PROXY_UPSTREAM_SASL_USERNAME="proxy",
+        DEDUP_PROXY_UPSTREAM_SASL_PASSWORD=password,
     ).start()
     yield process
     assert process.stop() == 0, f"proxy did not shut down cleanly; see {home / 'proxy.log'}"

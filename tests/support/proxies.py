@@ -11,11 +11,20 @@ from tests.support.ports import ProxyPorts
 
 
 def own_proxy(
-    env: EnvInfo, ports: ProxyPorts, key_prefix: str, log_path: Path, **settings: str
+    env: EnvInfo,
+    ports: ProxyPorts,
+    key_prefix: str,
+    log_path: Path,
+    *,
+    upstream: str | None = None,
+    admin_ca_file: Path | None = None,
+    **settings: str,
 ) -> ProxyProcess:
-    """Not started: call ``.start()`` (and ``.stop()``)."""
+    """Not started: call ``.start()`` (and ``.stop()``). ``upstream``: other bootstrap
+    servers than the environment's plaintext ones (its TLS or SASL_SSL listeners);
+    ``admin_ca_file``: the admin API speaks HTTPS."""
     return ProxyProcess(
-        upstream=env.bootstrap,
+        upstream=upstream or env.bootstrap,
         listen_port=ports.listen,
         admin_port=ports.admin,
         extra_args=["--broker-port-base", str(ports.broker_base)],
@@ -25,4 +34,5 @@ def own_proxy(
             **settings,
         },
         log_path=log_path,
+        admin_ca_file=admin_ca_file,
     )
