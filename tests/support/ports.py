@@ -44,6 +44,8 @@ ADMIN_AUTH = ProxyPorts(listen=29792, admin=29780, broker_base=29793)
 TLS = ProxyPorts(listen=29992, admin=29980, broker_base=29993)
 SASL = ProxyPorts(listen=26892, admin=26880, broker_base=26893)  # test_tls, SASL_SSL upstream
 TLS_REDIS = 17099  # test_tls: a Redis that speaks TLS only, with client certificates
+# test_hostile_input: a dedup proxy whose Redis is behind REDIS_RELAY (the acks=0 flood).
+FLOOD = ProxyPorts(listen=29692, admin=29680, broker_base=29693)
 # test_hostile_input: a dedup proxy with max_sequence_jump.
 JUMP_BOUND = ProxyPorts(listen=29892, admin=29880, broker_base=29893)
 
