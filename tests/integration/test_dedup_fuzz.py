@@ -13,7 +13,6 @@ import socket
 import struct
 import time
 from contextlib import suppress
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -25,6 +24,7 @@ from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
 from proxy.kafka.upstream_client import encode_request
 from tests.support.kafka_io import values
+from tests.support.proxies import rss_bytes
 from tests.support.raw import explicit_batch, produce_raw, produce_request, read_response
 from tests.support.topics import new_topic
 
@@ -99,14 +99,8 @@ def test_a_mutated_batch_is_answered_quickly_and_harms_nothing(
 def test_the_proxy_is_sound_after_the_fuzzing(
     dedup_proxy: ProxyProcess, fuzz_topic: str, local_env: EnvInfo
 ) -> None:
-    rss = int(
-        next(
-            line.split()[1]
-            for line in Path(f"/proc/{dedup_proxy.pid}/status").read_text().splitlines()
-            if line.startswith("VmRSS:")
-        )
-    )
-    assert rss < 1024 * 1024, f"the proxy holds {rss // 1024} MB after the fuzzing"
+    rss = rss_bytes(dedup_proxy.pid)
+    assert rss < 1 << 30, f"the proxy holds {rss >> 20} MB after the fuzzing"
     producer = Producer({"bootstrap.servers": dedup_proxy.bootstrap})
     producer.produce(
         fuzz_topic, b"still fine", headers=[("dedup.producer", "after"), ("dedup.sequence", "1")]

@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -28,7 +27,7 @@ from deploy.local import EnvInfo
 from proxy.kafka.upstream_client import encode_request
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all, values
 from tests.support.ports import FLOOD, JUMP_BOUND, REDIS_RELAY
-from tests.support.proxies import own_proxy
+from tests.support.proxies import own_proxy, rss_bytes
 from tests.support.raw import (
     bomb_batch,
     explicit_batch,
@@ -37,7 +36,7 @@ from tests.support.raw import (
     produce_request,
     read_response,
 )
-from tests.support.relay import Relay
+from tests.support.relay import relayed_redis
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
 
@@ -210,15 +209,13 @@ def test_an_acks_0_flood_is_read_only_as_fast_as_it_is_handled(
     waits in the socket, not in the proxy's memory: while Redis is silent the proxy takes
     in a few MB and its RSS stays flat (without the bound it read all 300 MB and held it).
     Once Redis answers, every record lands once."""
-    redis_port = urlsplit(local_env.redis).port
-    assert redis_port is not None
-    relay = Relay({REDIS_RELAY: redis_port}).start()
+    relay, relayed = relayed_redis(local_env.redis, REDIS_RELAY, 0)
     proxy = own_proxy(
         local_env,
         FLOOD,
         f"flood-{uuid.uuid4().hex[:8]}",
         tmp_path / "proxy.log",
-        DEDUP_PROXY_REDIS=f"redis://127.0.0.1:{REDIS_RELAY}/0",
+        DEDUP_PROXY_REDIS=relayed,
     ).start()
     try:
         topic = new_topic(local_env.bootstrap)
@@ -271,10 +268,3 @@ def test_an_acks_0_flood_is_read_only_as_fast_as_it_is_handled(
 def flood_batch(request: int) -> bytes:
     first = request * FLOOD_RECORDS
     return explicit_batch([("flood", first + i) for i in range(FLOOD_RECORDS)], value_size=5000)
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -29,7 +28,7 @@ from tests.support.load import SequencedProducer
 from tests.support.ports import RECOVERY, REDIS_RELAY
 from tests.support.proxy_api import admin_call
 from tests.support.raw import explicit_batch, produce_raw, produce_request
-from tests.support.relay import Relay
+from tests.support.relay import relayed_redis
 from tests.support.restartable import RestartableProxy
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
@@ -244,13 +243,11 @@ def test_a_blackholed_redis_is_answered_retriable_within_its_timeout(
     is answered "retry" within the Redis timeout instead of hanging, and once Redis answers
     again the producer's records land once each (a check held in the network and run late
     included)."""
-    redis_port = urlsplit(local_env.redis).port
-    assert redis_port is not None
-    relay = Relay({REDIS_RELAY: redis_port}).start()
+    relay, relayed = relayed_redis(local_env.redis, REDIS_RELAY, REDIS_DB)
     restartable = recovery_proxy(
         local_env,
         tmp_path,
-        DEDUP_PROXY_REDIS=f"redis://127.0.0.1:{REDIS_RELAY}/{REDIS_DB}",
+        DEDUP_PROXY_REDIS=relayed,
         DEDUP_PROXY_REDIS_TIMEOUT_S="1",
     )
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import struct
 import subprocess
 import time
 import urllib.request
@@ -24,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kio.schema.api_versions.v0.request as api_versions_v0
 import pytest
 from confluent_kafka import Producer
 
@@ -32,9 +32,11 @@ from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, java_tool_command
 from deploy.processes import port_open
 from deploy.tls import LocalTls
+from proxy.kafka.upstream_client import encode_request
 from tests.support.kafka_io import assert_exactly_once_in_order, read_all
 from tests.support.ports import SASL, TLS, TLS_REDIS
 from tests.support.proxies import own_proxy
+from tests.support.raw import correlation_id, read_response
 from tests.support.topics import new_topic
 
 pytestmark = pytest.mark.integration
@@ -385,20 +387,11 @@ def api_versions_over_tls(proxy: ProxyProcess, certs: LocalTls, *, with_certific
     context = ssl.create_default_context(cafile=certs.ca_file)
     if with_certificate:
         context.load_cert_chain(certs.client_cert_file, certs.client_key_file)
-    body = struct.pack(">hhih", 18, 0, 7, -1)  # api key, version, correlation id, no client id
     with (
         socket.create_connection(("127.0.0.1", TLS.listen), timeout=10) as raw,
         context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
     ):
-        tls.sendall(struct.pack(">i", len(body)) + body)
-        size = tls.recv(4)
-        if len(size) < 4:
-            raise ConnectionError("closed without an answer")
-        answer = b""
-        while len(answer) < struct.unpack(">i", size)[0]:
-            chunk = tls.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed in the middle of the answer")
-            answer += chunk
-    assert struct.unpack(">i", answer[:4])[0] == 7
+        tls.sendall(encode_request(api_versions_v0.ApiVersionsRequest(), 7))
+        answer = read_response(tls)
+    assert correlation_id(answer) == 7
     return answer

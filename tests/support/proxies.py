@@ -36,3 +36,11 @@ def own_proxy(
         log_path=log_path,
         admin_ca_file=admin_ca_file,
     )
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of a (proxy) process, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")

@@ -15,6 +15,7 @@ import socket
 import struct
 import threading
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 
 class Relay:
@@ -115,3 +116,11 @@ def _reset(writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+def relayed_redis(redis_url: str, listen: int, db: int) -> tuple[Relay, str]:
+    """A started relay on ``listen`` in front of the Redis of ``redis_url``, and the URL of
+    database ``db`` through it (a test can then `Relay.freeze` Redis)."""
+    port = urlsplit(redis_url).port
+    assert port is not None, f"no port in {redis_url}"
+    return Relay({listen: port}).start(), f"redis://127.0.0.1:{listen}/{db}"
