@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import structlog
 from confluent_kafka import Consumer, TopicPartition
@@ -104,7 +105,7 @@ class Recovery:
         max_producers: int,
         parallel_replays: int = 4,
         replay_timeout_s: float = 60.0,
-        kafka_config: Mapping[str, str] | None = None,
+        kafka_config: Mapping[str, Any] | None = None,
     ) -> None:
         """``kafka_config``: librdkafka settings added to its consumers' (security)."""
         self._kafka_config = dict(kafka_config or {})

@@ -375,7 +375,7 @@ def replay_partition(
     *,
     progress: Callable[[int, int], None] | None = None,
     timeout_s: float = 60.0,
-    config: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
     chunks: Mapping[str, ChunkProgress] | None = None,
     resets: Mapping[str, int] | None = None,
 ) -> ReplayResult:

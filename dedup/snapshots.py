@@ -449,7 +449,7 @@ class SnapshotStore:
         partitions: int = 1,
         replication_factor: int | None = None,
         timeout_s: float = 30.0,
-        kafka_config: Mapping[str, str] | None = None,
+        kafka_config: Mapping[str, Any] | None = None,
     ) -> None:
         """``kafka_config``: librdkafka settings added to its clients' (security)."""
         self._kafka_config = dict(kafka_config or {})

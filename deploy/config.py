@@ -23,7 +23,10 @@ INTER_BROKER_PORT_OFFSET = 50
 # (SASL_SSL), this far above its plaintext one.
 TLS_PORT_OFFSET = 30
 SASL_SSL_PORT_OFFSET = 40
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+# OAUTHBEARER with Kafka's default validator, which takes unsigned tokens (`alg: none`):
+# for tests only, never a production setting.
+SASL_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS, "OAUTHBEARER")
 MAX_BROKERS = 3
 # Proxies of `up --proxies N`: proxy i (1-based) owns the block of PROXY_PORT_BLOCK ports from
 # proxy_base - PROXY_ADMIN_BELOW + PROXY_PORT_BLOCK * (i - 1): its admin ports at the start
@@ -359,8 +362,11 @@ def listener_settings(
                 f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config": (
                     "org.apache.kafka.common.security.scram.ScramLoginModule required;"
                 )
-                for mechanism in SASL_MECHANISMS[1:]
+                for mechanism in SCRAM_MECHANISMS
             },
+            "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config": (
+                "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
+            ),
         }
     return {
         "listeners": ",".join([*listeners, controller]),

@@ -1,6 +1,7 @@
 """Secrets of the local environment: a CA of its own, a certificate for the brokers and
 the proxy (valid for 127.0.0.1 and localhost), one for a client (mutual TLS), and the
-passwords of its SASL users (`SASL_USERS`: the proxy's own, and a client's).
+passwords of its SASL users (`SASL_USERS`: the proxy's own, and a client's), and unsigned
+OAUTHBEARER tokens, which its brokers' test-only validator accepts (`unsigned_token`).
 
 Generated once per environment home and kept, so a restarted environment keeps its
 certificates and clients keep trusting it. Kafka reads a PKCS#12 keystore; everything
@@ -9,10 +10,12 @@ else reads PEM.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
 import json
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +136,18 @@ class LocalTls:
         _write(self.sasl_users_file, json.dumps(users).encode())
         _write(self.password_file, f"{password}\n".encode())  # last: marks the set complete
         return self
+
+
+def unsigned_token(subject: str, lifetime_s: float = 3600.0) -> str:
+    """A JWT without signature (``alg: none``) naming ``subject``: what Kafka's default,
+    test-only OAUTHBEARER validator accepts, and Kafka's principal is ``User:SUBJECT``."""
+
+    def part(value: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    now = int(time.time())
+    claims = {"sub": subject, "iat": now, "exp": now + int(lifetime_s)}
+    return f"{part({'alg': 'none'})}.{part(claims)}."
 
 
 def _name(common_name: str) -> x509.Name:

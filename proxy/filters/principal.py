@@ -2,10 +2,12 @@
 its own SASL exchange (relayed untouched), for filters that act on it (producer names
 bound to principals, `dedup.bindings`).
 
-SASL PLAIN names the user in its one message; SCRAM in its first (``n,,n=USER,r=...``).
-The principal is set only once Kafka accepted the exchange: after PLAIN's one round,
-after SCRAM's second. Other mechanisms (OAUTHBEARER, GSSAPI) leave it unknown. A client
-certificate's principal is set when the connection opens (`proxy.runtime.connection`).
+SASL PLAIN names the user in its one message; SCRAM in its first (``n,,n=USER,r=...``);
+OAUTHBEARER in its token's ``sub`` claim (Kafka's default principal claim). The principal
+is set only once Kafka accepted the exchange: after PLAIN's and OAUTHBEARER's one round
+(an OAUTHBEARER answer that carries bytes is Kafka's error, RFC 7628 3.2.2), after SCRAM's
+second. GSSAPI leaves it unknown. A client certificate's principal is set when the
+connection opens (`proxy.runtime.connection`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any
 from kio.static.protocol import ResponsePayload
 
 from proxy.kafka.api_keys import ApiKey
+from proxy.kafka.oauthbearer import client_principal
 from proxy.runtime.chain import FilterContext, Forward, RequestDecision, RequestFrame
 
-_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
+_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
 
 
 class SaslPrincipalFilter:
@@ -43,7 +46,7 @@ class SaslPrincipalFilter:
     ) -> ResponsePayload:
         identity = context.identity
         answer: Any = response
-        if answer.error_code != 0:
+        if answer.error_code != 0 or (identity.mechanism == "OAUTHBEARER" and answer.auth_bytes):
             identity.user = None  # Kafka said no (and closes the connection)
             return response
         identity.rounds += 1
@@ -58,6 +61,8 @@ def sasl_user(mechanism: str, message: bytes) -> str | None:
         text = message.decode("utf-8")
     except UnicodeDecodeError:
         return None
+    if mechanism == "OAUTHBEARER":
+        return client_principal(message)
     if mechanism == "PLAIN":  # [authzid] NUL authcid NUL password
         parts = text.split("\0")
         return parts[1] or None if len(parts) == 3 else None

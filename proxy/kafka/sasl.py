@@ -1,5 +1,6 @@
-"""SASL for the proxy's own connections to Kafka: PLAIN and SCRAM-SHA-256/512, with the
-proxy's configured credentials (KIP-43 handshake, then KIP-152 SaslAuthenticate frames).
+"""SASL for the proxy's own connections to Kafka: PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER,
+with the proxy's configured credentials (KIP-43 handshake, then KIP-152 SaslAuthenticate
+frames). OAUTHBEARER's tokens come from `proxy.kafka.oauthbearer`.
 
 Client connections never come through here: a client authenticates itself, through the
 proxy, on its own upstream connection. SCRAM's client side is `scramp`'s.
@@ -7,6 +8,7 @@ proxy, on its own upstream connection. SCRAM's client side is `scramp`'s.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,8 +17,15 @@ from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from scramp import ScramClient, ScramException
 
-SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
-MECHANISMS: tuple[SaslMechanism, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+from proxy.kafka.oauthbearer import (
+    ERROR_ACKNOWLEDGEMENT,
+    TokenSource,
+    TokenUnavailable,
+    initial_response,
+)
+
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+MECHANISMS: tuple[SaslMechanism, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 class SaslFailed(ConnectionError):
@@ -29,20 +38,38 @@ class SaslCredentials:
     username: str
     password: str = field(repr=False)
 
-    def librdkafka(self) -> dict[str, str]:
+    def librdkafka(self) -> dict[str, Any]:
         return {
             "sasl.mechanism": self.mechanism,
             "sasl.username": self.username,
             "sasl.password": self.password,
         }
 
+    def describe(self) -> str:
+        return f"user {self.username!r}"
 
+
+@dataclass(frozen=True, slots=True)
+class OAuthBearerCredentials:
+    """OAUTHBEARER: a bearer token from ``tokens`` at every authentication."""
+
+    tokens: TokenSource
+    mechanism: SaslMechanism = "OAUTHBEARER"
+
+    def librdkafka(self) -> dict[str, Any]:
+        return {"sasl.mechanism": "OAUTHBEARER", **self.tokens.librdkafka()}
+
+    def describe(self) -> str:
+        return self.tokens.describe()
+
+
+Credentials = SaslCredentials | OAuthBearerCredentials
 Request = Callable[[Any], Awaitable[Any]]
 
 
-async def authenticate(request: Request, credentials: SaslCredentials, peer: str) -> None:
+async def authenticate(request: Request, credentials: Credentials, peer: str) -> None:
     """Run the SASL exchange on a fresh connection (``request`` sends one kio request and
-    returns its decoded answer); `SaslFailed` if Kafka says no."""
+    returns its decoded answer); `SaslFailed` if Kafka says no or no token can be had."""
     handshake = await request(SaslHandshakeRequest(mechanism=credentials.mechanism))
     if handshake.error_code != 0:
         enabled = ", ".join(str(m) for m in handshake.mechanisms) or "none"
@@ -55,10 +82,23 @@ async def authenticate(request: Request, credentials: SaslCredentials, peer: str
         if answer.error_code != 0:
             reason = answer.error_message or f"error {int(answer.error_code)}"
             raise SaslFailed(
-                f"{peer} refused user {credentials.username!r} ({credentials.mechanism}): {reason}"
+                f"{peer} refused {credentials.describe()} ({credentials.mechanism}): {reason}"
             )
         return bytes(answer.auth_bytes)
 
+    if isinstance(credentials, OAuthBearerCredentials):
+        try:
+            token = await asyncio.to_thread(credentials.tokens.token)
+        except TokenUnavailable as exc:
+            raise SaslFailed(f"no bearer token for {peer}: {exc}") from None
+        challenge = await exchange(initial_response(token.value))
+        if challenge:  # RFC 7628 3.2.2: an error, as JSON; acknowledge it, Kafka then refuses
+            await exchange(ERROR_ACKNOWLEDGEMENT)
+            raise SaslFailed(  # reached only if Kafka did not refuse after all
+                f"{peer} refused {credentials.describe()} (OAUTHBEARER): "
+                f"{challenge.decode(errors='replace')}"
+            )
+        return
     if credentials.mechanism == "PLAIN":
         await exchange(
             b"\0" + credentials.username.encode() + b"\0" + credentials.password.encode()

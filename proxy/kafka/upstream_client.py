@@ -21,7 +21,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 from kio.serial import entity_writer
 from kio.static.primitive import i32
 
-from proxy.kafka.sasl import SaslCredentials, authenticate
+from proxy.kafka.sasl import Credentials, authenticate
 from proxy.kafka.schemas import decode_response_body, encode_body, response_header_is_flexible
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.wire import FrameError, correlation_id_of, read_frame, response_body_start
@@ -54,7 +54,7 @@ class LinkSecurity:
     """How the proxy's own connections to Kafka are secured: TLS, and SASL credentials."""
 
     tls: ssl.SSLContext | None = None
-    sasl: SaslCredentials | None = None
+    sasl: Credentials | None = None
 
 
 PLAINTEXT = LinkSecurity()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from proxy.kafka.sasl import SaslCredentials
+from proxy.kafka.sasl import Credentials
 from proxy.kafka.upstream_client import LinkSecurity
 
 UpstreamProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -53,7 +53,7 @@ class UpstreamSecurity:
     cert_file: Path | None = None  # a client certificate, for brokers that ask for one
     key_file: Path | None = None
     check_hostname: bool = True
-    sasl: SaslCredentials | None = None
+    sasl: Credentials | None = None
 
     def __post_init__(self) -> None:
         if self.protocol.startswith("SASL_") and self.sasl is None:
@@ -92,8 +92,8 @@ class UpstreamSecurity:
         context.check_hostname = self.check_hostname
         return context
 
-    def librdkafka(self) -> dict[str, str]:
-        """The same, as librdkafka client settings."""
+    def librdkafka(self) -> dict[str, Any]:
+        """The same, as librdkafka client settings (with OAUTHBEARER, an ``oauth_cb``)."""
         config = {} if self.sasl is None else self.sasl.librdkafka()
         if self.protocol != "PLAINTEXT":
             config["security.protocol"] = self.protocol.lower()

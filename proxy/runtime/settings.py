@@ -22,7 +22,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from proxy.kafka.sasl import SaslCredentials, SaslMechanism
+from proxy.kafka.oauthbearer import TokenEndpoint, TokenFile, TokenSource
+from proxy.kafka.sasl import Credentials, OAuthBearerCredentials, SaslCredentials, SaslMechanism
 from proxy.kafka.topology import Endpoint
 from proxy.runtime.admin_auth import TokenError, load_admin_tokens
 from proxy.runtime.security import (
@@ -106,11 +107,31 @@ class ProxySettings(BaseSettings):
     upstream_sasl_mechanism: SaslMechanism | None = Field(
         default=None,
         description="SASL of the proxy's own connections to Kafka (upstream_security_protocol "
-        "SASL_SSL or SASL_PLAINTEXT): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+        "SASL_SSL or SASL_PLAINTEXT): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER",
     )
     upstream_sasl_username: str | None = Field(default=None, description="the proxy's user")
     upstream_sasl_password: SecretStr | None = Field(
         default=None, description="its password (DEDUP_PROXY_UPSTREAM_SASL_PASSWORD)"
+    )
+    upstream_sasl_oauthbearer_token_file: Path | None = Field(
+        default=None,
+        description="OAUTHBEARER: a file holding the proxy's bearer token, read at every "
+        "authentication (whatever renews the file renews the token)",
+    )
+    upstream_sasl_oauthbearer_token_endpoint_url: str | None = Field(
+        default=None,
+        description="OAUTHBEARER: an OAuth token endpoint; the proxy asks it for tokens with "
+        "the client-credentials grant",
+    )
+    upstream_sasl_oauthbearer_client_id: str | None = Field(
+        default=None, description="the proxy's client id at the token endpoint"
+    )
+    upstream_sasl_oauthbearer_client_secret: SecretStr | None = Field(
+        default=None,
+        description="its secret (DEDUP_PROXY_UPSTREAM_SASL_OAUTHBEARER_CLIENT_SECRET)",
+    )
+    upstream_sasl_oauthbearer_scope: str | None = Field(
+        default=None, description="the scope asked for, if the endpoint needs one"
     )
     upstream_tls_check_hostname: bool = Field(
         default=True, description="check that a broker's certificate names its host"
@@ -200,8 +221,10 @@ class ProxySettings(BaseSettings):
 
     @property
     def upstream_security(self) -> UpstreamSecurity:
-        sasl = None
-        if self.upstream_sasl_mechanism is not None:
+        sasl: Credentials | None = None
+        if self.upstream_sasl_mechanism == "OAUTHBEARER":
+            sasl = OAuthBearerCredentials(self._bearer_tokens())
+        elif self.upstream_sasl_mechanism is not None:
             if not self.upstream_sasl_username or self.upstream_sasl_password is None:
                 raise SecurityConfigError(
                     "upstream_sasl_mechanism needs upstream_sasl_username and "
@@ -220,6 +243,38 @@ class ProxySettings(BaseSettings):
             self.upstream_tls_check_hostname,
             sasl,
         )
+
+    def _bearer_tokens(self) -> TokenSource:
+        file, url = (
+            self.upstream_sasl_oauthbearer_token_file,
+            self.upstream_sasl_oauthbearer_token_endpoint_url,
+        )
+        if (file is None) == (url is None):
+            raise SecurityConfigError(
+                "upstream_sasl_mechanism OAUTHBEARER needs one of "
+                "upstream_sasl_oauthbearer_token_file and "
+                "upstream_sasl_oauthbearer_token_endpoint_url"
+            )
+        if file is not None:
+            return TokenFile(file)
+        secret = self.upstream_sasl_oauthbearer_client_secret
+        if not self.upstream_sasl_oauthbearer_client_id or secret is None:
+            raise SecurityConfigError(
+                "upstream_sasl_oauthbearer_token_endpoint_url needs "
+                "upstream_sasl_oauthbearer_client_id and upstream_sasl_oauthbearer_client_secret"
+            )
+        assert url is not None
+        try:
+            return TokenEndpoint(
+                url,
+                self.upstream_sasl_oauthbearer_client_id,
+                secret.get_secret_value(),
+                self.upstream_sasl_oauthbearer_scope,
+            )
+        except ValueError as exc:
+            raise SecurityConfigError(
+                f"upstream_sasl_oauthbearer_token_endpoint_url: {exc}"
+            ) from None
 
     @property
     def upstream_endpoints(self) -> list[Endpoint]:

@@ -3,7 +3,9 @@ certificates: mutual TLS), the proxy reaches Kafka over TLS only (the brokers' S
 listeners, `deploy.tls`), its admin API speaks HTTPS, and dedup holds through a SIGKILL of
 the proxy in the middle of the stream. Redis too speaks TLS only (and asks for a client
 certificate and a password). A second proxy sits in front of the brokers' SASL_SSL
-listeners only, with SCRAM credentials of its own, and relays its clients' own SASL.
+listeners only, with SCRAM credentials of its own, and relays its clients' own SASL; a
+third authenticates with OAUTHBEARER tokens from a token endpoint (client credentials),
+and its clients with bearer tokens of their own.
 
 The proxy here is given only the brokers' TLS listeners: every connection it opens to
 Kafka (the relayed clients', its metadata, its writes, its replay, its snapshots) must speak
@@ -31,10 +33,11 @@ from dedup.client import DedupProducer
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, java_tool_command
 from deploy.processes import port_open
-from deploy.tls import LocalTls
+from deploy.tls import LocalTls, unsigned_token
 from proxy.kafka.upstream_client import encode_request
 from tests.support.kafka_io import assert_exactly_once_in_order, read_all
-from tests.support.ports import SASL, TLS, TLS_REDIS
+from tests.support.oauth import Issuer, token_endpoint
+from tests.support.ports import OAUTH, OAUTH_FILE, SASL, TLS, TLS_REDIS
 from tests.support.proxies import own_proxy
 from tests.support.raw import correlation_id, read_response
 from tests.support.topics import new_topic
@@ -145,6 +148,57 @@ def sasl_proxy(
     assert password not in (home / "proxy.log").read_text(), "a password reached the log"
 
 
+@pytest.fixture(scope="module")
+def issuer() -> Iterator[Issuer]:
+    """The token endpoint of the proxy's own OAUTHBEARER tokens (they name `proxy`)."""
+    with token_endpoint(Issuer("dedup-proxy", "client-secret-0123", subject="proxy")) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def oauth_proxy(
+    local_env: EnvInfo,
+    certs: LocalTls,
+    issuer: Issuer,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_key_prefix: str,
+) -> Iterator[ProxyProcess]:
+    """In front of Kafka's SASL_SSL listeners, with OAUTHBEARER tokens of its own for every
+    connection it opens (its asyncio ones and its librdkafka clients alike)."""
+    home = tmp_path_factory.mktemp("oauth")
+    process = own_proxy(
+        local_env,
+        OAUTH,
+        f"{redis_key_prefix}-oauth",
+        home / "proxy.log",
+        upstream=local_env.sasl_ssl_bootstrap,
+        DEDUP_PROXY_INSTANCE_ID=f"oauth-{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_SNAPSHOT_TOPIC=f"__dedup_snapshots_oauth_{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_LISTENER_TLS_CERT_FILE=str(certs.server_cert_file),
+        DEDUP_PROXY_LISTENER_TLS_KEY_FILE=str(certs.server_key_file),
+        DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL="SASL_SSL",
+        DEDUP_PROXY_UPSTREAM_TLS_CA_FILE=str(certs.ca_file),
+        DEDUP_PROXY_UPSTREAM_SASL_MECHANISM="OAUTHBEARER",
+        DEDUP_PROXY_UPSTREAM_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL=issuer.url,
+        DEDUP_PROXY_UPSTREAM_SASL_OAUTHBEARER_CLIENT_ID=issuer.client_id,
+        DEDUP_PROXY_UPSTREAM_SASL_OAUTHBEARER_CLIENT_SECRET=issuer.client_secret,
+    ).start()
+    yield process
+    assert process.stop() == 0, f"proxy did not shut down cleanly; see {home / 'proxy.log'}"
+    assert issuer.client_secret not in (home / "proxy.log").read_text(), "a secret was logged"
+
+
+def client_oauthbearer(certs: LocalTls, subject: str) -> dict[str, str]:
+    """librdkafka with its own unsigned bearer tokens naming ``subject``, over TLS."""
+    return {
+        "security.protocol": "sasl_ssl",
+        "ssl.ca.location": str(certs.ca_file),
+        "sasl.mechanism": "OAUTHBEARER",
+        "enable.sasl.oauthbearer.unsecure.jwt": "true",
+        "sasl.oauthbearer.config": f"principal={subject}",
+    }
+
+
 def client_sasl(certs: LocalTls, mechanism: str) -> dict[str, str]:
     """librdkafka settings of user `client` over TLS, trusting the local CA."""
     return {
@@ -190,6 +244,62 @@ def test_dedup_over_sasl_ssl_holds_through_a_proxy_sigkill(
         sasl_proxy, local_env, certs, client_sasl(certs, "SCRAM-SHA-256")
     )
     assert principals(sasl_proxy, topic) == {"secured-loader": "User:client"}
+
+
+def test_dedup_with_oauthbearer_holds_through_a_proxy_sigkill(
+    oauth_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls, issuer: Issuer
+) -> None:
+    """The proxy's own connections with tokens from its token endpoint (the replay after
+    the kill included); the client with a bearer token of its own, whose subject becomes the
+    principal its producer name is bound to."""
+    topic = produce_through_a_kill(
+        oauth_proxy, local_env, certs, client_oauthbearer(certs, "oauth-client")
+    )
+    assert principals(oauth_proxy, topic) == {"secured-loader": "User:oauth-client"}
+    granted = [form for form in issuer.asked if form == {"grant_type": ["client_credentials"]}]
+    assert len(granted) >= 2 and issuer.refused == 0  # a token per process run, at least
+
+
+def test_the_proxy_takes_its_token_from_a_file(
+    local_env: EnvInfo, certs: LocalTls, tmp_path: Path, redis_key_prefix: str
+) -> None:
+    """A token file (what a sidecar or a projected volume renews) for every connection the
+    proxy opens, its librdkafka clients' included: dedup holds through a SIGKILL, after
+    which the file holds a renewed token (the file is read at every authentication:
+    tests/unit/test_oauthbearer.py)."""
+    token_file = tmp_path / "token"
+    token_file.write_text(unsigned_token("proxy"))
+    process = own_proxy(
+        local_env,
+        OAUTH_FILE,
+        f"{redis_key_prefix}-oauth-file",
+        tmp_path / "proxy.log",
+        upstream=local_env.sasl_ssl_bootstrap,
+        DEDUP_PROXY_INSTANCE_ID=f"oauth-file-{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_SNAPSHOT_TOPIC=f"__dedup_snapshots_oauth_file_{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL="SASL_SSL",
+        DEDUP_PROXY_UPSTREAM_TLS_CA_FILE=str(certs.ca_file),
+        DEDUP_PROXY_UPSTREAM_SASL_MECHANISM="OAUTHBEARER",
+        DEDUP_PROXY_UPSTREAM_SASL_OAUTHBEARER_TOKEN_FILE=str(token_file),
+    ).start()
+    topic = new_topic(local_env.bootstrap)
+    try:
+        for round_, subject in enumerate(["proxy", "renewed"]):
+            token_file.write_text(unsigned_token(subject))
+            if round_:
+                process.kill()
+                process.start()
+            # The client authenticates itself (PLAIN, to a plaintext listener of the proxy).
+            client = client_sasl(certs, "PLAIN") | {"security.protocol": "sasl_plaintext"}
+            del client["ssl.ca.location"]
+            producer = DedupProducer(process.bootstrap, "filed", **client)
+            for n in range(200):
+                producer.send(topic, str(n).encode(), sequence_id=n)
+            assert producer.flush(60) == 0
+    finally:
+        assert process.stop() == 0, f"proxy did not stop cleanly; see {tmp_path / 'proxy.log'}"
+    written = [value for value, _ in read_all(local_env.tls_bootstrap, topic, **kafka_tls(certs))]
+    assert_exactly_once_in_order(written, 200)
 
 
 def test_a_producer_name_belongs_to_the_principal_that_used_it_first(
@@ -267,18 +377,38 @@ def test_a_client_with_a_wrong_password_is_refused_by_kafka_through_the_proxy(
     assert any("Authentication failed" in failure for failure in failures), failures
 
 
-def test_the_java_producer_with_scram_over_tls_through_the_proxy(
-    sasl_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls, tmp_path: Path
+JAVA_SASL = {
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+    'username="client" password="{password}";',
+    # Kafka's own client makes an unsigned token naming the subject (its default handler).
+    "OAUTHBEARER": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule "
+    'required unsecuredLoginStringClaim_sub="java-client";',
+}
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "proxy_fixture"),
+    [("SCRAM-SHA-512", "sasl_proxy"), ("OAUTHBEARER", "oauth_proxy")],
+)
+def test_the_java_producer_with_sasl_over_tls_through_the_proxy(
+    mechanism: str,
+    proxy_fixture: str,
+    request: pytest.FixtureRequest,
+    local_env: EnvInfo,
+    certs: LocalTls,
+    tmp_path: Path,
 ) -> None:
     """Kafka's own VerifiableProducer (idempotent: the proxy dedups on its producer id and
-    sequences), SCRAM-SHA-512 over TLS through the proxy; every record once, in order."""
+    sequences), SCRAM-SHA-512 or OAUTHBEARER over TLS through the proxy (itself on SCRAM or
+    on OAUTHBEARER); every record once, in order."""
+    proxy: ProxyProcess = request.getfixturevalue(proxy_fixture)
     topic = new_topic(local_env.bootstrap)
     config = tmp_path / "producer.properties"
+    jaas = JAVA_SASL[mechanism].replace("{password}", certs.sasl_users["client"])
     config.write_text(
         "security.protocol=SASL_SSL\n"
-        "sasl.mechanism=SCRAM-SHA-512\n"
-        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
-        f'username="client" password="{certs.sasl_users["client"]}";\n'
+        f"sasl.mechanism={mechanism}\n"
+        f"sasl.jaas.config={jaas}\n"
         f"ssl.truststore.location={certs.truststore_file}\n"
         "ssl.truststore.type=PKCS12\n"
         f"ssl.truststore.password={certs.keystore_password}\n"
@@ -286,7 +416,7 @@ def test_the_java_producer_with_scram_over_tls_through_the_proxy(
     produced = subprocess.run(
         java_tool_command(
             "org.apache.kafka.tools.VerifiableProducer",
-            *("--bootstrap-server", sasl_proxy.bootstrap, "--topic", topic),
+            *("--bootstrap-server", proxy.bootstrap, "--topic", topic),
             *("--max-messages", "500", "--acks", "-1", "--producer.config", str(config)),
         ),
         capture_output=True,

@@ -43,6 +43,8 @@ ADMIN_AUTH = ProxyPorts(listen=29792, admin=29780, broker_base=29793)
 # test_tls: a dedup proxy with TLS on its listeners and admin API, and toward Kafka.
 TLS = ProxyPorts(listen=29992, admin=29980, broker_base=29993)
 SASL = ProxyPorts(listen=26892, admin=26880, broker_base=26893)  # test_tls, SASL_SSL upstream
+OAUTH = ProxyPorts(listen=26992, admin=26980, broker_base=26993)  # test_tls, OAUTHBEARER
+OAUTH_FILE = ProxyPorts(listen=27992, admin=27980, broker_base=27993)  # test_tls, token file
 TLS_REDIS = 17099  # test_tls: a Redis that speaks TLS only, with client certificates
 # test_hostile_input: a dedup proxy whose Redis is behind REDIS_RELAY (the acks=0 flood).
 FLOOD = ProxyPorts(listen=29692, admin=29680, broker_base=29693)

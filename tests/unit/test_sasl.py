@@ -1,18 +1,22 @@
 """The proxy's own SASL exchange (`proxy.kafka.sasl`) against a broker played in memory:
 PLAIN's bytes, SCRAM against scramp's server side (a wrong password fails on either side),
-and Kafka's refusals turned into errors that name the mechanism or the user.
+OAUTHBEARER's token and its error challenge, and Kafka's refusals turned into errors that
+name the mechanism or the user.
 (End to end against Kafka's SASL_SSL listeners: tests/integration/test_tls.py.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
 from scramp import ScramMechanism
 
-from proxy.kafka.sasl import SaslCredentials, SaslFailed, authenticate
+from deploy.tls import unsigned_token
+from proxy.kafka.oauthbearer import TokenFile, client_token, initial_response
+from proxy.kafka.sasl import OAuthBearerCredentials, SaslCredentials, SaslFailed, authenticate
 
 pytestmark = pytest.mark.unit
 
@@ -102,3 +106,46 @@ def test_credentials_never_show_the_password() -> None:
     credentials = SaslCredentials("PLAIN", "proxy", "secret-pw")
     assert "secret-pw" not in repr(credentials)
     assert credentials.librdkafka()["sasl.password"] == "secret-pw"
+
+
+class BearerBroker:
+    """Answers OAUTHBEARER like Kafka: an empty answer accepts; a token it refuses gets an
+    error challenge, and the client's acknowledgement the refusal."""
+
+    def __init__(self, accepted: str) -> None:
+        self.accepted = accepted
+        self.seen: list[bytes] = []
+
+    async def request(self, payload: Any) -> Answer:
+        if type(payload).__name__ == "SaslHandshakeRequest":
+            return Answer()
+        data = bytes(payload.auth_bytes)
+        self.seen.append(data)
+        if data == b"\x01":
+            return Answer(ErrorCode.sasl_authentication_failed, "invalid_token")
+        if client_token(data) == self.accepted:
+            return Answer()
+        return Answer(auth_bytes=b'{"status":"invalid_token"}')
+
+
+async def test_oauthbearer_sends_the_token_of_its_source(tmp_path: Path) -> None:
+    token = unsigned_token("proxy")
+    (tmp_path / "token").write_text(token)
+    broker = BearerBroker(token)
+    await authenticate(broker.request, OAuthBearerCredentials(TokenFile(tmp_path / "token")), "b:1")
+    assert broker.seen == [initial_response(token)]
+
+
+async def test_a_refused_token_is_acknowledged_then_named(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text(unsigned_token("proxy"))
+    broker = BearerBroker("another")
+    credentials = OAuthBearerCredentials(TokenFile(tmp_path / "token"))
+    with pytest.raises(SaslFailed, match=r"refused the token in .*token \(OAUTHBEARER\)"):
+        await authenticate(broker.request, credentials, "b:1")
+    assert broker.seen[1:] == [b"\x01"]
+
+
+async def test_no_token_is_a_sasl_failure(tmp_path: Path) -> None:
+    credentials = OAuthBearerCredentials(TokenFile(tmp_path / "missing"))
+    with pytest.raises(SaslFailed, match="no bearer token for b:1"):
+        await authenticate(BearerBroker("x").request, credentials, "b:1")
