@@ -223,6 +223,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
                         "host": m.host,
                         "port_base": m.port_base,
                         "local_broker_id": m.local_broker_id,
+                        "sni_host_pattern": m.sni_host_pattern,
                     }
                     for m in owner.members
                 ],

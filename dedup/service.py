@@ -54,8 +54,9 @@ class UpstreamAccess:
     leader_of: LeaderLookup
     leader_id_of: Callable[[str, int], Awaitable[tuple[int, int] | None]]
     advertised_host: str  # how clients reach this instance (published to the others)
-    advertised_port_base: int
+    advertised_port_base: int  # with SNI routing: the one port of every broker
     node_id_offset: int
+    sni_host_pattern: str | None = None  # SNI routing: each broker's name
 
 
 class DedupService:
@@ -102,6 +103,7 @@ class DedupService:
             upstream.advertised_port_base,
             upstream.node_id_offset,
             settings.local_broker_id,
+            upstream.sni_host_pattern,
         )
         self.ownership = Ownership(
             Membership(self.state, me, settings.lease_ttl_s),

@@ -1,5 +1,6 @@
 """Secrets of the local environment: a CA of its own, a certificate for the brokers and
-the proxy (valid for 127.0.0.1 and localhost), one for a client (mutual TLS), and the
+the proxy (valid for 127.0.0.1, localhost and any name under `SNI_DOMAIN`, for SNI
+routing), one for a client (mutual TLS), and the
 passwords of its SASL users (`SASL_USERS`: the proxy's own, and a client's), and unsigned
 OAUTHBEARER tokens, which its brokers' test-only validator accepts (`unsigned_token`).
 
@@ -27,6 +28,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 _VALID_DAYS = 825
 SASL_USERS = ("proxy", "client")  # the proxy's own connections; a client through the proxy
+SNI_DOMAIN = "dedup.localhost"  # the server certificate names *.SNI_DOMAIN too
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,13 @@ class LocalTls:
         return users
 
     def ensure(self) -> LocalTls:
-        """Generate the certificates unless they are there already."""
-        if self.password_file.is_file() and self.sasl_users_file.is_file():
+        """Generate the certificates unless they are there already (and name what the
+        current ones must: a set from an older version is made again)."""
+        if (
+            self.password_file.is_file()
+            and self.sasl_users_file.is_file()
+            and _names_sni_domain(self.server_cert_file)
+        ):
             return self
         self.directory.mkdir(parents=True, exist_ok=True)
         ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -180,7 +187,11 @@ def _leaf(
         _builder(_name(common_name), ca_name, key.public_key())
         .add_extension(
             x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                [
+                    x509.DNSName("localhost"),
+                    x509.DNSName(f"*.{SNI_DOMAIN}"),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                ]
             ),
             critical=False,
         )
@@ -189,6 +200,15 @@ def _leaf(
         .sign(ca_key, hashes.SHA256())
     )
     return key, cert
+
+
+def _names_sni_domain(cert_file: Path) -> bool:
+    try:
+        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return False
+    return f"*.{SNI_DOMAIN}" in names.get_values_for_type(x509.DNSName)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:

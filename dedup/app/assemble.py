@@ -31,6 +31,7 @@ class AssembledProxy:
 
 def assemble(settings: Settings) -> AssembledProxy:
     topology = topology_of(settings)
+    sni = topology.sni
     security = settings.upstream_security
     cluster = UpstreamCluster(topology, settings.upstream_connect_timeout_s, security.link())
     filters = standard_filters()
@@ -47,8 +48,9 @@ def assemble(settings: Settings) -> AssembledProxy:
             leader_of=cluster.leader_of,
             leader_id_of=cluster.leader_id_of,
             advertised_host=topology.advertised_host,
-            advertised_port_base=topology.advertised_port_base,
+            advertised_port_base=sni.advertised_port if sni else topology.advertised_port_base,
             node_id_offset=topology.node_id_offset,
+            sni_host_pattern=sni.broker_host_pattern if sni else None,
         ),
     )
     # The ownership filters go first: response filters run in reverse, so they see the

@@ -66,6 +66,12 @@ def worker_port_problems(settings: Settings) -> list[str]:
     ``admin + i``; every worker shares the bootstrap port."""
     workers, stride = settings.workers, settings.worker_port_stride
     problems: list[str] = []
+    if workers > 1 and settings.sni_bootstrap_host is not None:
+        # Workers share one port; a client must reach the worker that owns a partition.
+        problems.append(
+            "workers: SNI routing puts every broker on the shared bootstrap port, where a "
+            "client cannot choose its worker; run one worker per process with SNI routing"
+        )
     bases = {"broker_port_base": settings.effective_broker_port_base}
     if settings.advertised_broker_port_base is not None:
         bases["advertised_broker_port_base"] = settings.advertised_broker_port_base

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dedup.state import DedupState, Script
+from proxy.kafka.topology import NODE_ID, Endpoint
 
 _MEMBERS = Script.load("members")
 
@@ -34,20 +35,25 @@ class Member:
     port_base: int  # the advertised port of its listener for broker node_id_offset
     node_id_offset: int
     local_broker_id: int | None = None  # sidecar placement: the broker it stands beside
+    # SNI routing: every broker on port_base, under this name with its id for {node_id}.
+    sni_host_pattern: str | None = None
 
-    def port_for(self, broker_id: int) -> int:
-        return self.port_base + broker_id - self.node_id_offset
+    def endpoint_for(self, broker_id: int) -> Endpoint:
+        """Where a client reaches ``broker_id`` through this member."""
+        if self.sni_host_pattern is not None:
+            return Endpoint(self.sni_host_pattern.replace(NODE_ID, str(broker_id)), self.port_base)
+        return Endpoint(self.host, self.port_base + broker_id - self.node_id_offset)
 
     def info(self) -> str:
-        return json.dumps(
-            {
-                "host": self.host,
-                "port_base": self.port_base,
-                "node_id_offset": self.node_id_offset,
-                "local_broker_id": self.local_broker_id,
-            },
-            sort_keys=True,
-        )
+        info: dict[str, Any] = {
+            "host": self.host,
+            "port_base": self.port_base,
+            "node_id_offset": self.node_id_offset,
+            "local_broker_id": self.local_broker_id,
+        }
+        if self.sni_host_pattern is not None:  # absent otherwise: older members parse it
+            info["sni_host_pattern"] = self.sni_host_pattern
+        return json.dumps(info, sort_keys=True)
 
     @classmethod
     def parse(cls, instance_id: str, entry: str) -> Member:
@@ -61,6 +67,7 @@ class Member:
             int(data["port_base"]),
             int(data["node_id_offset"]),
             None if data.get("local_broker_id") is None else int(data["local_broker_id"]),
+            None if data.get("sni_host_pattern") is None else str(data["sni_host_pattern"]),
         )
 
 
@@ -119,6 +126,7 @@ def _with_slot(member: Member, slot: int) -> Member:
         member.port_base,
         member.node_id_offset,
         member.local_broker_id,
+        member.sni_host_pattern,
     )
 
 

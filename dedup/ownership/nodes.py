@@ -39,15 +39,12 @@ class NodeMap:
         """The node a client uses to reach ``broker_id`` through ``member``."""
         if self.placement == "sidecar":
             owner = broker_owner(broker_id, self.members) or member
-            return Node(broker_id, Endpoint(owner.host, owner.port_for(broker_id)))
+            return Node(broker_id, owner.endpoint_for(broker_id))
         if not 0 <= broker_id < self.stride:
             raise ValueError(
                 f"broker node id {broker_id} is not below node_id_stride {self.stride}"
             )
-        return Node(
-            member.slot * self.stride + broker_id,
-            Endpoint(member.host, member.port_for(broker_id)),
-        )
+        return Node(member.slot * self.stride + broker_id, member.endpoint_for(broker_id))
 
     def local(self, broker_id: int) -> Node:
         """The node for a broker in a response this instance relays."""

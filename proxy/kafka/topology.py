@@ -2,13 +2,18 @@
 
 Every upstream broker gets a proxy listener on a port derived from its node id
 (``broker_port_base + node_id - node_id_offset``), the port-per-broker scheme of
-Kroxylicious. The mapping is a pure function of the node id, so every proxy instance and
-every restart advertises the same address for the same broker.
+Kroxylicious. Or, with `SniRouting`, every broker shares the bootstrap listener's one TLS
+port under a host name of its own (``broker-{node_id}.kafka.example.com``), and the name a
+client puts in TLS SNI says which broker it wants. Either mapping is a pure function of
+the node id, so every proxy instance and every restart advertises the same address for the
+same broker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -34,6 +39,47 @@ class Endpoint:
 
 
 ListenerReconciler = Callable[[set[int]], Awaitable[None]]
+NODE_ID = "{node_id}"
+
+
+@dataclass(frozen=True)
+class SniRouting:
+    """One TLS port for the bootstrap and every broker: a client names the one it wants in
+    TLS SNI, ``bootstrap_host`` or ``broker_host_pattern`` with a node id in it."""
+
+    bootstrap_host: str
+    broker_host_pattern: str  # e.g. "broker-{node_id}.kafka.example.com"
+    advertised_port: int
+
+    def __post_init__(self) -> None:
+        prefix, _, suffix = self.broker_host_pattern.partition(NODE_ID)
+        if NODE_ID not in self.broker_host_pattern or "{" in prefix + suffix or "}" in suffix:
+            raise ValueError(
+                f"sni_broker_host_pattern {self.broker_host_pattern!r} must hold {NODE_ID} once"
+            )
+        if not 0 < self.advertised_port < 65536:
+            raise ValueError(f"SNI advertised port {self.advertised_port} is not a valid port")
+        if self.node_of(self.bootstrap_host) is not None:
+            raise ValueError(
+                f"sni_bootstrap_host {self.bootstrap_host!r} matches the broker pattern"
+            )
+
+    def broker_host(self, node_id: int) -> str:
+        return self.broker_host_pattern.replace(NODE_ID, str(node_id))
+
+    def is_bootstrap(self, server_name: str) -> bool:
+        return server_name.lower() == self.bootstrap_host.lower()
+
+    def node_of(self, server_name: str) -> int | None:
+        """The node id a server name asks for (None: not a broker's name)."""
+        found = self._broker_name.fullmatch(server_name)
+        return int(found.group(1)) if found else None
+
+    @functools.cached_property
+    def _broker_name(self) -> re.Pattern[str]:
+        prefix, _, suffix = self.broker_host_pattern.partition(NODE_ID)
+        # Host names compare without case; a node id is written as Kafka writes it.
+        return re.compile(f"{re.escape(prefix)}(0|[1-9][0-9]{{0,9}}){re.escape(suffix)}", re.I)
 
 
 class Topology:
@@ -46,8 +92,10 @@ class Topology:
         broker_port_base: int,
         node_id_offset: int = 0,
         advertised_port_base: int | None = None,
+        sni: SniRouting | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.sni = sni
         self.advertised_host = advertised_host
         self.broker_port_base = broker_port_base
         # Differs from broker_port_base only behind port forwarding (NAT, a TCP relay).
@@ -69,6 +117,8 @@ class Topology:
 
     def proxy_endpoint(self, node_id: int) -> Endpoint:
         """The address clients are told for this broker."""
+        if self.sni is not None:
+            return Endpoint(self.sni.broker_host(node_id), self.sni.advertised_port)
         port = _port(self.advertised_port_base, node_id, self.node_id_offset)
         return Endpoint(self.advertised_host, port)
 

@@ -3,7 +3,9 @@
 The bootstrap listener forwards to any upstream bootstrap server. The listener of broker
 N forwards to broker N's current address. Listeners follow the upstream topology: a
 broker that joins gets one as soon as any response names it, a broker that leaves the
-cluster loses its listener at the next full broker list.
+cluster loses its listener at the next full broker list. With SNI routing there is only
+the bootstrap listener: the TLS server name a client asks for picks the bootstrap or a
+broker (`proxy.kafka.topology.SniRouting`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import ssl
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -25,6 +29,9 @@ from proxy.runtime.connection import ClientConnection, ConnectionSettings, Upstr
 from proxy.runtime.settings import ProxySettings
 
 log = structlog.get_logger(__name__)
+
+
+Acceptor = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 class Service(Protocol):
@@ -42,6 +49,7 @@ def topology_of(settings: ProxySettings) -> Topology:
         broker_port_base=settings.effective_broker_port_base,
         node_id_offset=settings.node_id_offset,
         advertised_port_base=settings.advertised_broker_port_base,
+        sni=settings.sni_routing,
     )
 
 
@@ -67,6 +75,14 @@ class ProxyServer:
         )
         listener_tls = settings.listener_tls
         self._listener_tls = listener_tls.context() if listener_tls is not None else None
+        self._sni = self.topology.sni
+        # The server name each TLS connection asked for, noted during its handshake.
+        self._server_names: weakref.WeakKeyDictionary[ssl.SSLObject, str] = (
+            weakref.WeakKeyDictionary()
+        )
+        if self._sni is not None:
+            assert self._listener_tls is not None, "SNI routing needs TLS (settings check it)"
+            self._listener_tls.sni_callback = self._note_server_name
         self._bootstrap_server: asyncio.Server | None = None
         self._broker_servers: dict[int, asyncio.Server] = {}
         self._connections: dict[ClientConnection, asyncio.Task[None]] = {}
@@ -83,8 +99,13 @@ class ProxyServer:
 
     async def start(self) -> None:
         listen = self.settings.listen_endpoint
+        accept = (
+            self._acceptor("bootstrap", self._bootstrap_candidates)
+            if self._sni is None
+            else self._sni_acceptor()
+        )
         self._bootstrap_server = await asyncio.start_server(
-            self._acceptor("bootstrap", self._bootstrap_candidates),
+            accept,
             listen.host,
             listen.port,
             # Several processes may share the bootstrap port; the kernel spreads new
@@ -99,7 +120,11 @@ class ProxyServer:
             tls=self._listener_tls is not None,
             upstream_security=self.settings.upstream_security_protocol,
             advertised_host=self.topology.advertised_host,
-            broker_port_base=self.topology.broker_port_base,
+            broker_port_base=None if self._sni is not None else self.topology.broker_port_base,
+            sni_bootstrap_host=self._sni.bootstrap_host if self._sni is not None else None,
+            sni_broker_host_pattern=(
+                self._sni.broker_host_pattern if self._sni is not None else None
+            ),
             upstream=[str(e) for e in self.topology.bootstrap],
         )
         if not await self.cluster.refresh_metadata():
@@ -145,6 +170,9 @@ class ProxyServer:
                 log.warning("metadata refresh failed on every known upstream broker")
 
     async def _reconcile_listeners(self, node_ids: set[int]) -> None:
+        if self._sni is not None:  # brokers share the bootstrap listener
+            metrics.BROKER_LISTENERS.set(0)
+            return
         for node_id in sorted(node_ids - set(self._broker_servers)):
             port = self.topology.proxy_port(node_id)
             listen_host = self.settings.listen_endpoint.host
@@ -189,36 +217,75 @@ class ProxyServer:
 
         return resolve
 
-    def _acceptor(
-        self, listener: str, resolve: UpstreamResolver
-    ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    def _note_server_name(
+        self, connection: ssl.SSLObject, server_name: str | None, _context: ssl.SSLContext
+    ) -> None:
+        if server_name is not None:
+            self._server_names[connection] = server_name
+
+    def _sni_acceptor(self) -> Acceptor:
+        """Route each connection by the server name it asked for in its TLS handshake."""
+        sni = self._sni
+        assert sni is not None
+
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            if self._open_per_listener[listener] >= self._max_connections:
-                metrics.CONNECTIONS_REFUSED.labels(listener).inc()
+            name = self._server_names.pop(writer.get_extra_info("ssl_object"), None)
+            node_id = None if name is None else sni.node_of(name)
+            if name is not None and sni.is_bootstrap(name):
+                await self._serve(reader, writer, "bootstrap", self._bootstrap_candidates)
+            elif node_id is not None:
+                listener = f"broker-{node_id}"
+                await self._serve(reader, writer, listener, self._broker_candidates(node_id))
+            else:
+                metrics.CONNECTIONS_REFUSED.labels("sni").inc()
                 log.warning(
-                    "closing a new connection: the listener has max_connections_per_listener open",
-                    listener=listener,
-                    limit=self._max_connections,
+                    "closing a new connection: its TLS server name names no broker",
+                    server_name=name,
+                    client=str(writer.get_extra_info("peername")),
+                    bootstrap=sni.bootstrap_host,
+                    brokers=sni.broker_host_pattern,
                 )
                 writer.transport.abort()
-                return
-            self._open_per_listener[listener] += 1
-            connection = ClientConnection(
-                reader,
-                writer,
-                listener,
-                resolve,
-                self.chain,
-                self.topology,
-                self._connection_settings,
-            )
-            task = asyncio.current_task()
-            assert task is not None
-            self._connections[connection] = task
-            try:
-                await connection.serve()
-            finally:
-                self._connections.pop(connection, None)
-                self._open_per_listener[listener] -= 1
 
         return accept
+
+    def _acceptor(self, listener: str, resolve: UpstreamResolver) -> Acceptor:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._serve(reader, writer, listener, resolve)
+
+        return accept
+
+    async def _serve(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        listener: str,
+        resolve: UpstreamResolver,
+    ) -> None:
+        if self._open_per_listener[listener] >= self._max_connections:
+            metrics.CONNECTIONS_REFUSED.labels(listener).inc()
+            log.warning(
+                "closing a new connection: the listener has max_connections_per_listener open",
+                listener=listener,
+                limit=self._max_connections,
+            )
+            writer.transport.abort()
+            return
+        self._open_per_listener[listener] += 1
+        connection = ClientConnection(
+            reader,
+            writer,
+            listener,
+            resolve,
+            self.chain,
+            self.topology,
+            self._connection_settings,
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[connection] = task
+        try:
+            await connection.serve()
+        finally:
+            self._connections.pop(connection, None)
+            self._open_per_listener[listener] -= 1

@@ -24,7 +24,7 @@ from pydantic_settings import (
 
 from proxy.kafka.oauthbearer import TokenEndpoint, TokenFile, TokenSource
 from proxy.kafka.sasl import Credentials, OAuthBearerCredentials, SaslCredentials, SaslMechanism
-from proxy.kafka.topology import Endpoint
+from proxy.kafka.topology import Endpoint, SniRouting
 from proxy.runtime.admin_auth import TokenError, load_admin_tokens
 from proxy.runtime.security import (
     SecurityConfigError,
@@ -68,6 +68,20 @@ class ProxySettings(BaseSettings):
         default=None,
         description="broker port base clients are told, behind port forwarding "
         "(default: broker_port_base)",
+    )
+    sni_bootstrap_host: str | None = Field(
+        default=None,
+        description="SNI routing: the host name clients bootstrap with; with "
+        "sni_broker_host_pattern, every broker shares the bootstrap listener's TLS port",
+    )
+    sni_broker_host_pattern: str | None = Field(
+        default=None,
+        description="SNI routing: each broker's host name, with {node_id} in it "
+        "(e.g. broker-{node_id}.kafka.example.com); the listener certificate must name them",
+    )
+    sni_advertised_port: int | None = Field(
+        default=None,
+        description="SNI routing: the port clients are told (default: the listen port)",
     )
     admin: str = Field(default=DEFAULT_ADMIN, description="admin HTTP listener, HOST:PORT")
     admin_tokens_file: Path | None = Field(
@@ -197,6 +211,10 @@ class ProxySettings(BaseSettings):
             load_admin_tokens(self.admin_tokens_file, self.admin_tokens)
         except TokenError as exc:
             raise ValueError(str(exc)) from None
+        try:
+            self.sni_routing  # noqa: B018 (validates)
+        except (ValueError, SecurityConfigError) as exc:
+            raise ValueError(str(exc)) from None
         try:  # built once here, so a bad certificate is found at start
             for server in (self.listener_tls, self.admin_tls):
                 if server is not None:
@@ -214,6 +232,22 @@ class ProxySettings(BaseSettings):
             self.listener_tls_key_file,
             self.listener_tls_client_ca_file,
         )
+
+    @property
+    def sni_routing(self) -> SniRouting | None:
+        bootstrap, pattern = self.sni_bootstrap_host, self.sni_broker_host_pattern
+        if bootstrap is None and pattern is None:
+            if self.sni_advertised_port is not None:
+                raise SecurityConfigError("sni_advertised_port is set without SNI routing")
+            return None
+        if bootstrap is None or pattern is None:
+            raise SecurityConfigError("sni_bootstrap_host and sni_broker_host_pattern go together")
+        if self.listener_tls_cert_file is None:
+            raise SecurityConfigError(
+                "SNI routing needs TLS on the listener (listener_tls_cert_file and _key_file)"
+            )
+        port = self.sni_advertised_port or self.listen_endpoint.port
+        return SniRouting(bootstrap, pattern, port)
 
     @property
     def admin_tls(self) -> ServerTls | None:

@@ -45,6 +45,13 @@ TLS = ProxyPorts(listen=29992, admin=29980, broker_base=29993)
 SASL = ProxyPorts(listen=26892, admin=26880, broker_base=26893)  # test_tls, SASL_SSL upstream
 OAUTH = ProxyPorts(listen=26992, admin=26980, broker_base=26993)  # test_tls, OAUTHBEARER
 OAUTH_FILE = ProxyPorts(listen=27992, admin=27980, broker_base=27993)  # test_tls, token file
+# test_sni: one TLS port for the bootstrap and every broker (broker_base is not listened on).
+SNI = ProxyPorts(listen=27892, admin=27880, broker_base=27893)
+# test_sni: two instances, each routing names of its own.
+SNI_GROUP = [
+    ProxyPorts(listen=27792, admin=27780, broker_base=27793),
+    ProxyPorts(listen=27692, admin=27680, broker_base=27693),
+]
 TLS_REDIS = 17099  # test_tls: a Redis that speaks TLS only, with client certificates
 # test_hostile_input: a dedup proxy whose Redis is behind REDIS_RELAY (the acks=0 flood).
 FLOOD = ProxyPorts(listen=29692, admin=29680, broker_base=29693)

@@ -11,6 +11,7 @@ import pytest
 
 from dedup.app.settings import Settings, load_settings
 from dedup.app.workers import plan_workers, settings_environment, worker_argv, worker_env
+from deploy.tls import LocalTls
 from proxy.runtime.settings import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -154,3 +155,18 @@ def test_worker_command_line_names_the_worker(tmp_path: Path) -> None:
         "--admin": "127.0.0.1:9101",
         "--broker-port-base": "9293",
     }
+
+
+def test_sni_routing_takes_one_worker(tmp_path: Path) -> None:
+    certs = LocalTls(tmp_path).ensure()
+    sni = dict(
+        listen="127.0.0.1:9192",
+        admin="127.0.0.1:9100",
+        listener_tls_cert_file=certs.server_cert_file,
+        listener_tls_key_file=certs.server_key_file,
+        sni_bootstrap_host="bootstrap.kafka.example.com",
+        sni_broker_host_pattern="broker-{node_id}.kafka.example.com",
+    )
+    assert load_settings(None, **sni).sni_routing is not None
+    with pytest.raises(ConfigError, match="cannot choose its worker"):
+        load_settings(None, workers=2, **sni)

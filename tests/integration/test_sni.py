@@ -1,0 +1,236 @@
+"""SNI routing on real Kafka: one TLS port for the bootstrap and every broker, the broker
+chosen by the host name a client asks for in TLS SNI. The names live under
+`deploy.tls.SNI_DOMAIN` (the local certificate names ``*.SNI_DOMAIN``); they resolve to
+127.0.0.1 only for these clients: kafka-python through a patched ``getaddrinfo``, Kafka's
+Java producer through a hosts file (``-Djdk.net.hosts.file``), as a DNS record or a load
+balancer's name would for real clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import ssl
+import subprocess
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kio.schema.api_versions.v0.request as api_versions_v0
+import pytest
+from kafka import KafkaAdminClient, KafkaProducer
+
+from deploy.launcher import ProxyProcess
+from deploy.local import EnvInfo, java_tool_command
+from deploy.tls import SNI_DOMAIN, LocalTls
+from proxy.kafka.upstream_client import encode_request
+from tests.support.kafka_io import assert_exactly_once_in_order, read_all
+from tests.support.ports import SNI, SNI_GROUP
+from tests.support.proxies import own_proxy
+from tests.support.topics import new_topic
+
+pytestmark = pytest.mark.integration
+
+BOOTSTRAP = f"bootstrap.{SNI_DOMAIN}"
+BROKERS = f"broker-{{node_id}}.{SNI_DOMAIN}"
+
+
+@pytest.fixture(scope="module")
+def certs(local_env: EnvInfo) -> LocalTls:
+    return LocalTls(Path(local_env.tls_dir))
+
+
+@pytest.fixture(scope="module")
+def sni_proxy(
+    local_env: EnvInfo, certs: LocalTls, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyProcess]:
+    home = tmp_path_factory.mktemp("sni")
+    process = own_proxy(
+        local_env,
+        SNI,
+        f"sni-{uuid.uuid4().hex[:8]}",
+        home / "proxy.log",
+        DEDUP_PROXY_INSTANCE_ID=f"sni-{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_SNAPSHOT_TOPIC=f"__dedup_snapshots_sni_{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_LISTENER_TLS_CERT_FILE=str(certs.server_cert_file),
+        DEDUP_PROXY_LISTENER_TLS_KEY_FILE=str(certs.server_key_file),
+        DEDUP_PROXY_SNI_BOOTSTRAP_HOST=BOOTSTRAP,
+        DEDUP_PROXY_SNI_BROKER_HOST_PATTERN=BROKERS,
+    ).start()
+    yield process
+    assert process.stop() == 0, f"proxy did not shut down cleanly; see {home / 'proxy.log'}"
+
+
+@pytest.fixture
+def names_resolve_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Names under SNI_DOMAIN resolve to 127.0.0.1 in this process."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str) and host.lower().endswith(f".{SNI_DOMAIN}"):
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def test_kafka_python_through_one_port_routed_by_name(
+    sni_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls, names_resolve_here: None
+) -> None:
+    """kafka-python bootstraps at `bootstrap.<domain>`, is told the brokers as
+    `broker-N.<domain>` on the same port, and writes records with explicit identities
+    there; a second producer re-sends the first half: every record once, in order."""
+    topic = new_topic(local_env.bootstrap)
+    port = SNI.listen
+    for start, end in ((0, 400), (0, 200)):
+        producer = KafkaProducer(
+            bootstrap_servers=f"{BOOTSTRAP}:{port}",
+            security_protocol="SSL",
+            ssl_cafile=str(certs.ca_file),
+            acks="all",
+        )
+        try:
+            for n in range(start, end):
+                headers = [("dedup.producer", b"sni-loader"), ("dedup.sequence", str(n).encode())]
+                producer.send(topic, str(n).encode(), headers=headers)
+            producer.flush(60)
+        finally:
+            producer.close(10)
+    written = [value for value, _ in read_all(local_env.bootstrap, topic)]
+    assert_exactly_once_in_order(written, 400)
+    admin = KafkaAdminClient(
+        bootstrap_servers=f"{BOOTSTRAP}:{port}",
+        security_protocol="SSL",
+        ssl_cafile=str(certs.ca_file),
+    )
+    try:
+        brokers = admin.describe_cluster()["brokers"]
+    finally:
+        admin.close()
+    assert brokers and all(
+        (b["host"], b["port"]) == (BROKERS.format(node_id=b["broker_id"]), port) for b in brokers
+    ), brokers
+
+
+def test_the_java_producer_through_one_port_routed_by_name(
+    sni_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls, tmp_path: Path
+) -> None:
+    """Kafka's VerifiableProducer (idempotent, deduplicated on its producer id), the names
+    resolved by a hosts file: every record once, in order."""
+    topic = new_topic(local_env.bootstrap)
+    hosts = tmp_path / "hosts"
+    hosts.write_text(
+        f"127.0.0.1 {BOOTSTRAP} " + " ".join(BROKERS.format(node_id=n) for n in range(8)) + "\n"
+    )
+    config = tmp_path / "producer.properties"
+    config.write_text(
+        "security.protocol=SSL\n"
+        f"ssl.truststore.location={certs.truststore_file}\n"
+        "ssl.truststore.type=PKCS12\n"
+        f"ssl.truststore.password={certs.keystore_password}\n"
+    )
+    produced = subprocess.run(
+        java_tool_command(
+            "org.apache.kafka.tools.VerifiableProducer",
+            *("--bootstrap-server", f"{BOOTSTRAP}:{SNI.listen}", "--topic", topic),
+            *("--max-messages", "500", "--acks", "-1", "--producer.config", str(config)),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+        env={**os.environ, "JAVA_TOOL_OPTIONS": f"-Djdk.net.hosts.file={hosts}"},
+    )
+    events = [json.loads(line) for line in produced.stdout.splitlines() if line.startswith("{")]
+    assert len([e for e in events if e.get("name") == "producer_send_success"]) == 500
+    assert not [e for e in events if e.get("name") == "producer_send_error"]
+    written = [value for value, _ in read_all(local_env.bootstrap, topic)]
+    assert written == [str(i).encode() for i in range(500)]
+
+
+def test_two_instances_each_behind_names_of_its_own(
+    local_env: EnvInfo, certs: LocalTls, tmp_path: Path, names_resolve_here: None
+) -> None:
+    """Two instances sharing Redis and a snapshot topic, each routing its own names
+    (`a-broker-N`, `b-broker-N`): a client that bootstraps at one is sent to the other for
+    the partitions the other owns, by name, and every partition holds each record once."""
+    tag = uuid.uuid4().hex[:8]
+    shared = {
+        "DEDUP_PROXY_SNAPSHOT_TOPIC": f"__dedup_snapshots_sni_{tag}",
+        "DEDUP_PROXY_LISTENER_TLS_CERT_FILE": str(certs.server_cert_file),
+        "DEDUP_PROXY_LISTENER_TLS_KEY_FILE": str(certs.server_key_file),
+    }
+    instances = [
+        own_proxy(
+            local_env,
+            ports,
+            f"sni-group-{tag}",
+            tmp_path / f"{name}.log",
+            DEDUP_PROXY_INSTANCE_ID=f"sni-{name}-{tag}",
+            DEDUP_PROXY_SNI_BOOTSTRAP_HOST=f"{name}-bootstrap.{SNI_DOMAIN}",
+            DEDUP_PROXY_SNI_BROKER_HOST_PATTERN=f"{name}-broker-{{node_id}}.{SNI_DOMAIN}",
+            **shared,
+        ).start()
+        for name, ports in zip("ab", SNI_GROUP, strict=True)
+    ]
+    partitions = 6
+    topic = new_topic(local_env.bootstrap, partitions=partitions)
+    try:
+        for start, end in ((0, 60), (0, 30)):
+            producer = KafkaProducer(
+                bootstrap_servers=f"a-bootstrap.{SNI_DOMAIN}:{SNI_GROUP[0].listen}",
+                security_protocol="SSL",
+                ssl_cafile=str(certs.ca_file),
+                acks="all",
+            )
+            try:
+                for n in range(start, end):
+                    for partition in range(partitions):
+                        headers = [
+                            ("dedup.producer", f"sni-{partition}".encode()),
+                            ("dedup.sequence", str(n).encode()),
+                        ]
+                        producer.send(topic, str(n).encode(), partition=partition, headers=headers)
+                producer.flush(60)
+            finally:
+                producer.close(10)
+        held = [ownership(process)["held"] for process in instances]
+        assert all(held), f"each instance owns some of the partitions: {held}"
+    finally:
+        for process in instances:
+            assert process.stop() == 0, f"an instance did not stop cleanly; see {tmp_path}"
+    for partition in range(partitions):
+        written = [value for value, _ in read_all(local_env.bootstrap, topic, partition)]
+        assert_exactly_once_in_order(written, 60)
+
+
+def ownership(process: ProxyProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{process.admin_url}/v1/ownership", timeout=10) as answer:
+        found: dict[str, Any] = json.load(answer)
+        return found
+
+
+@pytest.mark.parametrize(
+    "server_name", [None, f"nobody.{SNI_DOMAIN}", f"broker-01.{SNI_DOMAIN}"], ids=str
+)
+def test_a_name_that_routes_nowhere_is_closed(
+    sni_proxy: ProxyProcess, certs: LocalTls, server_name: str | None
+) -> None:
+    """No SNI (a client that connects by address), an unknown name, a node id written
+    otherwise than Kafka writes it: the TLS handshake completes, then the connection closes
+    without an answer."""
+    context = ssl.create_default_context(cafile=str(certs.ca_file))
+    context.check_hostname = server_name is not None
+    answer = b""
+    with (
+        socket.create_connection(("127.0.0.1", SNI.listen), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=server_name) as tls,
+    ):
+        tls.sendall(encode_request(api_versions_v0.ApiVersionsRequest(), 7))
+        with contextlib.suppress(ConnectionResetError, ssl.SSLEOFError):  # closed abruptly
+            answer = tls.recv(4)
+    assert answer == b""
