@@ -7,6 +7,7 @@ Human output goes through rich; with --json exactly one JSON object is printed o
 from __future__ import annotations
 
 import json
+import re
 import time
 from enum import StrEnum
 from typing import Annotated, Any
@@ -42,6 +43,11 @@ class Placement(StrEnum):
     sidecar = "sidecar"
 
 
+class Security(StrEnum):
+    mixed = "mixed"
+    sasl_ssl = "sasl_ssl"
+
+
 class RedisTopology(StrEnum):
     single = "single"
     sentinel = "sentinel"
@@ -72,7 +78,13 @@ def _print_info(info: EnvInfo, seconds: float | None = None) -> None:
     out.print(f"  bootstrap  {info.bootstrap}", highlight=False)
     for node, address in sorted(info.brokers.items()):
         out.print(f"  node {node}     {address}", highlight=False)
-    out.print(f"  redis      {info.redis}", highlight=False)
+    redis_url = re.sub(r"//:[^@]*@", "//:***@", info.redis)  # the password: in --json only
+    out.print(f"  redis      {redis_url}", highlight=False)
+    if info.security == "sasl_ssl":
+        out.print(
+            f"  security   SASL_SSL only; CA, certificates and users in {info.tls_dir}",
+            highlight=False,
+        )
     for proxy in info.proxies:
         out.print(
             f"  {proxy.instance_id:<10} bootstrap {proxy.bootstrap}  admin "
@@ -111,6 +123,14 @@ def up(
         int | None,
         typer.Option(help="Worker processes per proxy (serve --workers).", min=1),
     ] = None,
+    security: Annotated[
+        Security | None,
+        typer.Option(
+            help="mixed: plaintext, TLS and SASL_SSL listeners side by side; sasl_ssl: "
+            "SASL_SSL only (replication too), Redis over TLS with a password, the proxies "
+            "on TLS with SCRAM credentials (default: as recorded, mixed at first).",
+        ),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Start Kafka and Redis (only what is not running) and wait until they answer; with
@@ -126,6 +146,7 @@ def up(
             proxies=proxies,
             placement=None if placement is None else placement.value,
             workers=workers,
+            security=None if security is None else security.value,
         )
     except (LocalEnvError, MissingRuntimeError) as exc:
         raise _fail(exc) from exc

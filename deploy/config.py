@@ -310,14 +310,27 @@ def replication_settings(brokers: int) -> dict[str, str]:
     }
 
 
+SECURITY_MODES = ("mixed", "sasl_ssl")
+BROKER_USER = "broker"  # the brokers' own PLAIN user, for replication in sasl_ssl mode
+
+
 @dataclass(frozen=True)
 class KafkaSecurity:
-    """The secured listeners': the key and certificate chain (PKCS#12), and the users of
-    SASL PLAIN (SCRAM users live in the cluster's metadata: `LocalEnvironment.up`)."""
+    """The secured listeners': the key and certificate chain (PKCS#12), the trust store
+    (the local CA), and the users of SASL PLAIN (SCRAM users live in the cluster's metadata:
+    `LocalEnvironment.up`). ``mode`` "mixed": PLAINTEXT, SSL and SASL_SSL listeners for
+    clients; "sasl_ssl": SASL_SSL only, on the client port, replication included (the KRaft
+    controller listener stays plaintext, on loopback)."""
 
     keystore: Path
+    truststore: Path
     password: str
     plain_users: Mapping[str, str]
+    mode: str = "mixed"
+
+    def __post_init__(self) -> None:
+        if self.mode not in SECURITY_MODES:
+            raise ValueError(f"security must be one of {SECURITY_MODES}, not {self.mode!r}")
 
 
 def listener_settings(
@@ -326,9 +339,23 @@ def listener_settings(
     """The listeners of one node. Clients get PLAINTEXT, advertised at the port they must
     use; when that is not the node's own port, replication moves to an INTERNAL listener
     advertised as itself, since brokers reach each other through advertised addresses.
-    With `security`, clients also get SSL and SASL_SSL listeners, advertised as themselves."""
-    client = f"PLAINTEXT://{HOST}:{ports.client(node_id)}"
+    With `security`, clients also get SSL and SASL_SSL listeners, advertised as themselves;
+    in its "sasl_ssl" mode, SASL_SSL is the only one (`KafkaSecurity`)."""
     controller = f"CONTROLLER://{HOST}:{ports.controller(node_id)}"
+    if security is not None and security.mode == "sasl_ssl":
+        if ports.advertises_elsewhere:
+            raise ValueError("security sasl_ssl needs brokers advertised at their own ports")
+        own = f"SASL_SSL://{HOST}:{ports.client(node_id)}"
+        return {
+            "listeners": f"{own},{controller}",
+            "advertised.listeners": own,
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "SASL_SSL",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            **_tls_listener("SASL_SSL", security, trusting=True),
+            **_sasl_listener(security, {BROKER_USER: security.password}),
+        }
+    client = f"PLAINTEXT://{HOST}:{ports.client(node_id)}"
     advertised = f"PLAINTEXT://{HOST}:{ports.advertised(node_id)}"
     listeners, advertised_listeners = [client], [advertised]
     protocols = ["PLAINTEXT:PLAINTEXT"]
@@ -345,35 +372,55 @@ def listener_settings(
             listeners.append(f"{name}://{HOST}:{port}")
             advertised_listeners.append(f"{name}://{HOST}:{port}")
             protocols.append(f"{name}:{name}")
-            prefix = f"listener.name.{name.lower()}."
-            settings |= {
-                f"{prefix}ssl.keystore.type": "PKCS12",
-                f"{prefix}ssl.keystore.location": str(security.keystore),
-                f"{prefix}ssl.keystore.password": security.password,
-                f"{prefix}ssl.key.password": security.password,
-            }
-        plain = " ".join(f'user_{user}="{pw}"' for user, pw in security.plain_users.items())
-        settings |= {
-            "listener.name.sasl_ssl.sasl.enabled.mechanisms": ",".join(SASL_MECHANISMS),
-            "listener.name.sasl_ssl.plain.sasl.jaas.config": (
-                f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain};"
-            ),
-            **{
-                f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config": (
-                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-                )
-                for mechanism in SCRAM_MECHANISMS
-            },
-            "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config": (
-                "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
-            ),
-        }
+            settings |= _tls_listener(name, security)
+        settings |= _sasl_listener(security)
     return {
         "listeners": ",".join([*listeners, controller]),
         "advertised.listeners": ",".join(advertised_listeners),
         "listener.security.protocol.map": ",".join(protocols),
         "inter.broker.listener.name": "PLAINTEXT" if replication is None else "INTERNAL",
         **settings,
+    }
+
+
+def _tls_listener(name: str, security: KafkaSecurity, trusting: bool = False) -> dict[str, str]:
+    """A listener's certificate; ``trusting``: also the CA, for brokers that connect to it."""
+    prefix = f"listener.name.{name.lower()}."
+    settings = {
+        f"{prefix}ssl.keystore.type": "PKCS12",
+        f"{prefix}ssl.keystore.location": str(security.keystore),
+        f"{prefix}ssl.keystore.password": security.password,
+        f"{prefix}ssl.key.password": security.password,
+    }
+    if trusting:
+        settings |= {
+            f"{prefix}ssl.truststore.type": "PKCS12",
+            f"{prefix}ssl.truststore.location": str(security.truststore),
+            f"{prefix}ssl.truststore.password": security.password,
+        }
+    return settings
+
+
+def _sasl_listener(security: KafkaSecurity, own: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The SASL_SSL listener's mechanisms and PLAIN users; ``own``: the one user the broker
+    itself logs in as (replication over this listener)."""
+    users = {**security.plain_users, **(own or {})}
+    plain = " ".join(f'user_{user}="{pw}"' for user, pw in users.items())
+    login = "".join(f' username="{user}" password="{pw}"' for user, pw in (own or {}).items())
+    return {
+        "listener.name.sasl_ssl.sasl.enabled.mechanisms": ",".join(SASL_MECHANISMS),
+        "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+            f"org.apache.kafka.common.security.plain.PlainLoginModule required{login} {plain};"
+        ),
+        **{
+            f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            )
+            for mechanism in SCRAM_MECHANISMS
+        },
+        "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config": (
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
+        ),
     }
 
 

@@ -47,7 +47,7 @@ from confluent_kafka.admin import (
 
 from deploy import config, paths
 from deploy.config import DEFAULT_PROXY_PORT, HOST, REDIS_TOPOLOGIES, Ports, ProxyInstance
-from deploy.local_redis import LocalRedis, LocalRedisError
+from deploy.local_redis import LocalRedis, LocalRedisError, RedisTls
 from deploy.processes import (
     ManagedProcess,
     home_lock,
@@ -123,9 +123,27 @@ class EnvInfo:
     brokers: dict[int, str]
     redis: str
     proxies: tuple[ProxyInfo, ...] = ()  # `up --proxies N`: proxy-1..N in order
-    tls_bootstrap: str = ""  # the brokers' TLS listeners
+    tls_bootstrap: str = ""  # the brokers' TLS listeners (none with security sasl_ssl)
     sasl_ssl_bootstrap: str = ""  # their SASL_SSL listeners (users: `LocalTls.sasl_users`)
     tls_dir: str = ""  # the environment's certificates (`deploy.tls.LocalTls`)
+    # "mixed": `bootstrap` is plaintext; "sasl_ssl": it is SASL_SSL, and nothing else is.
+    security: str = "mixed"
+
+    def kafka_config(
+        self, user: str = "client", mechanism: str = "SCRAM-SHA-512"
+    ) -> dict[str, str]:
+        """librdkafka settings for `bootstrap`: none in the mixed mode; in the sasl_ssl mode
+        TLS trusting the local CA and ``user``'s credentials for ``mechanism``."""
+        if self.security != "sasl_ssl":
+            return {}
+        certs = LocalTls(Path(self.tls_dir))
+        return {
+            "security.protocol": "sasl_ssl",
+            "ssl.ca.location": str(certs.ca_file),
+            "sasl.mechanism": mechanism,
+            "sasl.username": user,
+            "sasl.password": certs.sasl_users[user],
+        }
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: {"bootstrap", "brokers" (node id as a string), "redis"}, and
@@ -135,11 +153,12 @@ class EnvInfo:
             "brokers": {str(node): address for node, address in sorted(self.brokers.items())},
             "redis": self.redis,
         }
-        if self.tls_bootstrap:
+        if self.tls_dir:
             data |= {
                 "tls_bootstrap": self.tls_bootstrap,
                 "sasl_ssl_bootstrap": self.sasl_ssl_bootstrap,
                 "tls_dir": self.tls_dir,
+                "security": self.security,
             }
         if self.proxies:
             data["proxies"] = [proxy.to_json() for proxy in self.proxies]
@@ -155,6 +174,7 @@ class EnvInfo:
             tls_bootstrap=str(data.get("tls_bootstrap", "")),
             sasl_ssl_bootstrap=str(data.get("sasl_ssl_bootstrap", "")),
             tls_dir=str(data.get("tls_dir", "")),
+            security=str(data.get("security", "mixed")),
         )
 
 
@@ -173,6 +193,7 @@ class _State:
     proxy_workers: int = 1
     proxy_port_base: int = DEFAULT_PROXY_PORT
     redis_topology: str = DEFAULT_REDIS_TOPOLOGY
+    security: str = "mixed"  # `up --security`: `config.SECURITY_MODES`
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -188,6 +209,7 @@ class _State:
             "proxy_placement": self.proxy_placement,
             "proxy_workers": self.proxy_workers,
             "proxy_port_base": self.proxy_port_base,
+            "security": self.security,
         }
 
     @classmethod
@@ -208,6 +230,8 @@ class _State:
             proxy_port_base=int(data.get("proxy_port_base", DEFAULT_PROXY_PORT)),
             # Absent from states written before Redis had topologies.
             redis_topology=str(data.get("redis_topology", DEFAULT_REDIS_TOPOLOGY)),
+            # Absent from states written before the secured-only mode.
+            security=str(data.get("security", "mixed")),
         )
 
 
@@ -256,7 +280,23 @@ class LocalEnvironment:
         )
 
     def _redis(self, state: _State) -> LocalRedis:
-        return LocalRedis(self.home, state.redis_port, state.redis_topology)
+        tls = None
+        if state.security == "sasl_ssl":
+            certs = self.tls.ensure()
+            tls = RedisTls(
+                certs.ca_file,
+                certs.server_cert_file,
+                certs.server_key_file,
+                certs.client_cert_file,
+                certs.client_key_file,
+                certs.redis_password,
+            )
+        return LocalRedis(self.home, state.redis_port, state.redis_topology, tls)
+
+    def _kafka_config(self, state: _State) -> dict[str, str]:
+        """librdkafka settings of the environment's own requests: as user `proxy` over
+        PLAIN, whose users exist before the SCRAM ones are made."""
+        return self._info(state).kafka_config("proxy", "PLAIN")
 
     def _every_redis_process(self) -> list[ManagedProcess]:
         """The Redis processes of every topology (whichever ran last)."""
@@ -326,15 +366,20 @@ class LocalEnvironment:
     def _info(self, state: _State) -> EnvInfo:
         ports = _ports(state)
         brokers = {node: f"{HOST}:{ports.advertised(node)}" for node in range(state.brokers)}
+        bootstrap = ",".join(brokers.values())
+        secured_only = state.security == "sasl_ssl"
         return EnvInfo(
-            bootstrap=",".join(brokers.values()),
-            tls_bootstrap=",".join(f"{HOST}:{ports.tls(n)}" for n in range(state.brokers)),
-            sasl_ssl_bootstrap=",".join(
-                f"{HOST}:{ports.sasl_ssl(n)}" for n in range(state.brokers)
-            ),
+            bootstrap=bootstrap,
+            tls_bootstrap=""
+            if secured_only
+            else ",".join(f"{HOST}:{ports.tls(n)}" for n in range(state.brokers)),
+            sasl_ssl_bootstrap=bootstrap
+            if secured_only
+            else ",".join(f"{HOST}:{ports.sasl_ssl(n)}" for n in range(state.brokers)),
             tls_dir=str(self.tls.directory),
+            security=state.security,
             brokers=brokers,
-            redis=config.redis_url(state.redis_topology, state.redis_port),
+            redis=self._redis(state).url,
             proxies=tuple(ProxyInfo.of(proxy) for proxy in _proxy_plan(state)),
         )
 
@@ -398,6 +443,7 @@ class LocalEnvironment:
         proxies: int | None = None,
         placement: str | None = None,
         workers: int | None = None,
+        security: str | None = None,
     ) -> EnvInfo:
         """Start whatever is not running and wait until Kafka reports all brokers in its
         metadata and Redis is ready (`LocalRedis.wait_ready`). A different broker count (or
@@ -409,12 +455,27 @@ class LocalEnvironment:
 
         ``proxies``: also run that many proxies (proxy-1..N, `config.plan_proxies`) in
         front of them, with ``placement`` and ``workers`` each, and wait until each is
-        healthy; 0 stops them. None (and None for the other two) keeps what was recorded."""
+        healthy; 0 stops them. None (and None for the other two) keeps what was recorded.
+
+        ``security``: "mixed" (plaintext, TLS and SASL_SSL listeners side by side) or
+        "sasl_ssl" (SASL_SSL listeners only, replication included; Redis over TLS with
+        client certificates and a password; the proxies with TLS listeners and SCRAM
+        credentials of their own); None keeps what was recorded, "mixed" at first."""
         config.check_broker_count(brokers)
         config.check_redis_topology(redis)
         with self._locked():
             state = self._load_state()
             recorded = state if state is not None else _State(brokers, "", 0, 0)
+            security = security or recorded.security
+            if security not in config.SECURITY_MODES:
+                raise LocalEnvError(
+                    f"security must be one of {config.SECURITY_MODES}, not {security!r}"
+                )
+            if security == "sasl_ssl" and (redis != "single" or self.ports.advertises_elsewhere):
+                raise LocalEnvError(
+                    "security sasl_ssl runs the single Redis topology, with brokers "
+                    "advertised at their own ports"
+                )
             count = recorded.proxies if proxies is None else proxies
             placement = placement or recorded.proxy_placement
             workers = recorded.proxy_workers if workers is None else workers
@@ -433,11 +494,12 @@ class LocalEnvironment:
                 state = self._create_cluster(brokers)
             else:
                 state = self._adopt_ports(state)
-            state = dataclasses.replace(state, redis_topology=redis)
-            if previous is not None and (previous.redis_port, previous.redis_topology) != (
-                state.redis_port,
-                redis,
-            ):
+            state = dataclasses.replace(state, redis_topology=redis, security=security)
+            if previous is not None and (
+                previous.redis_port,
+                previous.redis_topology,
+                previous.security,
+            ) != (state.redis_port, redis, security):
                 stop_all(self._every_redis_process(), STOP_TIMEOUT)
                 if redis != "single":  # its files name the old ports, or another topology's
                     self._redis(state).remove()
@@ -616,7 +678,22 @@ class LocalEnvironment:
             f"Local proxy {proxy.instance_id} ({proxy.workers} worker(s)), written by "
             f"`dedup-proxy local up`; DEDUP_PROXY_* variables are not passed to it."
         )
-        return config.render_toml(proxy.settings(info.bootstrap, info.redis), header)
+        values = proxy.settings(info.bootstrap, info.redis)
+        if state.security == "sasl_ssl":
+            certs = self.tls
+            values |= {
+                "listener_tls_cert_file": str(certs.server_cert_file),
+                "listener_tls_key_file": str(certs.server_key_file),
+                "upstream_security_protocol": "SASL_SSL",
+                "upstream_tls_ca_file": str(certs.ca_file),
+                "upstream_sasl_mechanism": "SCRAM-SHA-512",
+                "upstream_sasl_username": "proxy",
+                "upstream_sasl_password": certs.sasl_users["proxy"],
+                "redis_tls_ca_file": str(certs.ca_file),
+                "redis_tls_cert_file": str(certs.client_cert_file),
+                "redis_tls_key_file": str(certs.client_key_file),
+            }
+        return config.render_toml(values, header)
 
     def _start_proxies(self, state: _State, plan: list[ProxyInstance], deadline: float) -> None:
         starting = [p for p in plan if not self._proxy_process(p.index).is_running()]
@@ -634,6 +711,7 @@ class LocalEnvironment:
             path = self._proxy_config(proxy.index)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(self._proxy_config_text(state, proxy))
+            path.chmod(0o600)  # it may hold the proxy's SASL password
             argv = [sys.executable, "-m", "dedup", "serve", "--config", str(path)]
             self._proxy_process(proxy.index).start(argv, cwd=path.parent, env=env)
         for proxy in plan:
@@ -705,7 +783,13 @@ class LocalEnvironment:
     def _node_config(self, state: _State, node_id: int) -> str:
         """The text of a node's server.properties as this version of the lab writes it."""
         tls = self.tls.ensure()
-        security = config.KafkaSecurity(tls.keystore_file, tls.keystore_password, tls.sasl_users)
+        security = config.KafkaSecurity(
+            tls.keystore_file,
+            tls.truststore_file,
+            tls.keystore_password,
+            tls.sasl_users,
+            state.security,
+        )
         props = config.server_properties(
             node_id, state.brokers, _ports(state), self.node_dir(node_id) / "data", security
         )
@@ -801,7 +885,8 @@ class LocalEnvironment:
                 proc = self._node_process(node)
                 if not proc.is_running():
                     raise self._failure(proc, f"kafka node {node} exited during start")
-                if must_list <= _metadata_brokers(f"{HOST}:{_ports(state).client(node)}"):
+                address = f"{HOST}:{_ports(state).client(node)}"
+                if must_list <= _metadata_brokers(address, self._kafka_config(state)):
                     ready.add(node)
             if ready == ask:
                 return
@@ -816,9 +901,10 @@ class LocalEnvironment:
 
     def _ensure_scram_users(self, state: _State) -> None:
         """The SASL users' SCRAM credentials (both mechanisms), in the cluster's metadata:
-        asked on the plaintext listener; setting them again is harmless."""
+        asked on the client listener; setting them again is harmless."""
         admin = AdminClient(
-            {"bootstrap.servers": f"{HOST}:{_ports(state).client(0)}"}, logger=_quiet_logger()
+            {"bootstrap.servers": f"{HOST}:{_ports(state).client(0)}", **self._kafka_config(state)},
+            logger=_quiet_logger(),
         )
         # One mechanism per request: Kafka refuses a user altered twice in one.
         for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512):
@@ -849,14 +935,18 @@ class LocalEnvironment:
             raise LocalEnvError(str(exc)) from exc
 
 
-def _metadata_brokers(address: str) -> set[int]:
+def _metadata_brokers(address: str, kafka_config: dict[str, str] | None = None) -> set[int]:
     """The broker ids in a Metadata answer from the node at address (empty if none)."""
     host, _, port = address.rpartition(":")
     if not port_open(host, int(port)):
         return set()
     # A fresh client each time: a reused one may send the request to another node.
     admin = AdminClient(
-        {"bootstrap.servers": address, "socket.connection.setup.timeout.ms": 2000},
+        {
+            "bootstrap.servers": address,
+            "socket.connection.setup.timeout.ms": 2000,
+            **(kafka_config or {}),
+        },
         logger=_quiet_logger(),
     )
     try:

@@ -20,7 +20,8 @@ import contextlib
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +61,60 @@ class RedisNode:
         return self.directory / ("sentinel.log" if self.sentinel else "redis.log")
 
 
+@dataclass(frozen=True)
+class RedisTls:
+    """Redis that speaks TLS only, asks clients for a certificate, and for a password."""
+
+    ca_file: Path
+    cert_file: Path  # the server's
+    key_file: Path
+    client_cert_file: Path  # what the environment's own checks present
+    client_key_file: Path
+    password: str = field(repr=False)
+
+    def server_settings(self) -> tuple[tuple[str, str], ...]:
+        return (
+            ("port", "0"),  # no plaintext port (the later setting wins)
+            ("tls-cert-file", str(self.cert_file)),
+            ("tls-key-file", str(self.key_file)),
+            ("tls-ca-cert-file", str(self.ca_file)),
+            ("tls-auth-clients", "yes"),
+            ("requirepass", self.password),
+        )
+
+    def client_settings(self) -> dict[str, Any]:
+        """redis-py's connection arguments."""
+        return {
+            "ssl": True,
+            "ssl_ca_certs": str(self.ca_file),
+            "ssl_certfile": str(self.client_cert_file),
+            "ssl_keyfile": str(self.client_key_file),
+            "password": self.password,
+        }
+
+
 class LocalRedis:
     """Starts, watches and breaks the Redis processes of one topology. Callers hold the
-    state home's lock (`deploy.local.LocalEnvironment` does)."""
+    state home's lock (`deploy.local.LocalEnvironment` does). With ``tls`` (the single
+    topology only), Redis speaks TLS only and asks for a password."""
 
-    def __init__(self, home: Path, port: int, topology: str = "single") -> None:
+    def __init__(
+        self, home: Path, port: int, topology: str = "single", tls: RedisTls | None = None
+    ) -> None:
         config.check_redis_topology(topology)
+        if tls is not None and topology != "single":
+            raise LocalRedisError(f"TLS is for the single topology only, not {topology}")
         self.home = home
         self.port = port
         self.topology = topology
+        self.tls = tls
 
     # --- layout -------------------------------------------------------------------------
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"rediss://:{self.tls.password}@{HOST}:{self.port}/0"
         return config.redis_url(self.topology, self.port)
 
     @property
@@ -189,7 +230,7 @@ class LocalRedis:
         votes: dict[int, int] = {}
         for sentinel in self.sentinels():
             with contextlib.suppress(redis.RedisError):
-                with _client(sentinel.port) as client:
+                with self._client(sentinel.port) as client:
                     found = client.execute_command(
                         "SENTINEL", "GET-MASTER-ADDR-BY-NAME", config.SENTINEL_MASTER
                     )
@@ -208,7 +249,7 @@ class LocalRedis:
             return self.primary()
         for node in self._running_nodes():
             with contextlib.suppress(redis.RedisError):
-                with _client(node.port) as client:
+                with self._client(node.port) as client:
                     slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
                     table = _text(client.execute_command("CLUSTER", "NODES"))
                 for line in table.splitlines():
@@ -259,7 +300,11 @@ class LocalRedis:
                     data,
                     node.process.pid_file,
                     node.log,
-                    extra=config.redis_node_settings(self.topology, self.port, node.index),
+                    extra=(
+                        *config.redis_node_settings(self.topology, self.port, node.index),
+                        *((("tls-port", str(node.port)),) if self.tls else ()),
+                        *(self.tls.server_settings() if self.tls else ()),
+                    ),
                 )
             )
         node.process.start([paths.redis_server_executable(), str(conf)], cwd=node.directory)
@@ -298,7 +343,7 @@ class LocalRedis:
         )
 
     def _wait_ping(self, node: RedisNode, deadline: float) -> None:
-        with _client(node.port) as client:
+        with self._client(node.port) as client:
             while True:
                 if not node.process.is_running():
                     raise self._failure(node, f"{node.process.name} exited during start")
@@ -318,7 +363,7 @@ class LocalRedis:
             states = []
             with contextlib.suppress(redis.RedisError):
                 for node in running:
-                    with _client(node.port) as client:
+                    with self._client(node.port) as client:
                         states.append(client.info("replication"))
             primaries = [s for s in states if s.get("role") == "master"]
             synced = [s for s in states if s.get("master_link_status") == "up"]
@@ -338,7 +383,7 @@ class LocalRedis:
         only then can it take part in a failover."""
         replicas, others = config.SENTINEL_DATA_NODES - 1, config.SENTINELS - 1
         seen: dict[str, str] = {}
-        with _client(sentinel.port) as client:
+        with self._client(sentinel.port) as client:
             while True:
                 if not sentinel.process.is_running():
                     raise self._failure(sentinel, f"{sentinel.process.name} exited")
@@ -358,7 +403,7 @@ class LocalRedis:
                 time.sleep(0.2)
 
     def _needs_create(self) -> bool:
-        with _client(self.nodes()[0].port) as client:
+        with self._client(self.nodes()[0].port) as client:
             info = _cluster_info(client)
         return int(info.get("cluster_slots_assigned", 0)) == 0
 
@@ -379,7 +424,7 @@ class LocalRedis:
             problems = []
             for node in self._running_nodes():
                 try:
-                    with _client(node.port) as client:
+                    with self._client(node.port) as client:
                         info = _cluster_info(client)
                         replication = client.info("replication")
                 except redis.RedisError as exc:
@@ -402,20 +447,22 @@ class LocalRedis:
     def _running_nodes(self) -> list[RedisNode]:
         return [n for n in self.nodes() if n.process.is_running()]
 
+    @contextlib.contextmanager
+    def _client(self, port: int) -> Iterator[Any]:
+        secured = self.tls.client_settings() if self.tls is not None else {}
+        client = redis.Redis(
+            host=HOST, port=port, socket_timeout=1.0, socket_connect_timeout=1.0, **secured
+        )
+        try:
+            yield client
+        finally:
+            client.close()
+
     def _index_of(self, port: int) -> int:
         for node in self.nodes():
             if node.port == port:
                 return node.index
         raise LocalRedisError(f"port {port} is none of this topology's nodes")
-
-
-@contextlib.contextmanager
-def _client(port: int) -> Any:
-    client = redis.Redis(host=HOST, port=port, socket_timeout=1.0, socket_connect_timeout=1.0)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def _cluster_info(client: Any) -> dict[str, str]:

@@ -76,6 +76,12 @@ class LocalTls:
         return self.password_file.read_text().strip()
 
     @property
+    def redis_password(self) -> str:
+        """The password of the environment's Redis when it is secured (`up --security
+        sasl_ssl`): the environment's one secret, like the keystores'."""
+        return self.keystore_password
+
+    @property
     def sasl_users_file(self) -> Path:
         return self.directory / "sasl-users.json"
 

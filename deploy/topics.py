@@ -17,12 +17,14 @@ def create_topic(
     replication_factor: int = -1,
     config: dict[str, str] | None = None,
     timeout_s: float = 60.0,
+    client_config: dict[str, str] | None = None,
 ) -> str:
     """Create a topic (``t-<random>`` when no name is given) and return its name once every
     partition has a leader that answers ListOffsets for it; `TimeoutError` otherwise.
-    ``replication_factor`` -1 is the broker's default."""
+    ``replication_factor`` -1 is the broker's default; ``client_config``: librdkafka
+    settings of the clients that do it (security)."""
     name = name or f"t-{uuid.uuid4().hex[:12]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
     topic = NewTopic(
         name, num_partitions=partitions, replication_factor=replication_factor, config=config or {}
     )
@@ -32,7 +34,9 @@ def create_topic(
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {name} got no leaders within {timeout_s}s")
         time.sleep(0.1)
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    probe = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "probe", **(client_config or {})}
+    )
     try:  # ListOffsets answers only once each leader serves its partition
         for partition in range(partitions):
             while True:

@@ -87,6 +87,10 @@ BATCHES_ENV = Ports(kafka_base=21092, redis=16779)
 # test_local_proxies: one broker, Redis and two proxies.
 LOCAL_PROXIES_ENV = Ports(kafka_base=21592, redis=16579, proxy_base=LOCAL_PROXY_BASE)
 
+# test_secured_env: `local up --security sasl_ssl --proxies 1`: one broker (SASL_SSL on
+# 21792, controller 21892), Redis over TLS on 16589, proxy-1 on 23792 (admin 23780).
+SECURED_ENV = Ports(kafka_base=21792, redis=16589, proxy_base=23792)
+
 # test_dedup_state: a bare redis-server, and one a test stops.
 DEDUP_STATE_REDIS = 16679
 POLICY_OUTAGE_REDIS = 16689

@@ -14,6 +14,7 @@ from deploy.config import Ports
 from deploy.local import EnvInfo, LocalEnvironment, ProxyInfo
 from deploy.paths import MissingRuntimeError
 from deploy.processes import ManagedProcess
+from deploy.tls import LocalTls
 
 pytestmark = pytest.mark.unit
 
@@ -155,6 +156,28 @@ def test_env_info_json_shape() -> None:
     assert EnvInfo.from_json(data) == info
 
 
+def test_env_info_of_a_secured_environment_gives_client_settings(tmp_path: Path) -> None:
+    certs = LocalTls(tmp_path / "tls").ensure()
+    info = EnvInfo(
+        bootstrap="127.0.0.1:21792",
+        brokers={0: "127.0.0.1:21792"},
+        redis="rediss://:pw@127.0.0.1:16589/0",
+        sasl_ssl_bootstrap="127.0.0.1:21792",
+        tls_dir=str(certs.directory),
+        security="sasl_ssl",
+    )
+    assert EnvInfo.from_json(info.to_json()) == info
+    assert info.kafka_config("proxy", "PLAIN") == {
+        "security.protocol": "sasl_ssl",
+        "ssl.ca.location": str(certs.ca_file),
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "proxy",
+        "sasl.password": certs.sasl_users["proxy"],
+    }
+    mixed = EnvInfo(bootstrap="b:1", brokers={0: "b:1"}, redis="redis://r")
+    assert mixed.kafka_config() == {}
+
+
 def test_stale_or_foreign_pid_files_mean_not_running(tmp_path: Path) -> None:
     proc = ManagedProcess(
         name="x",
@@ -221,7 +244,9 @@ def test_three_nodes_behind_a_proxy_keep_replication_and_quorum_off_it() -> None
 
 
 def test_security_adds_tls_and_sasl_listeners_advertised_as_themselves() -> None:
-    security = config.KafkaSecurity(Path("/k/server.p12"), "secret", {"proxy": "pw1", "c": "pw2"})
+    security = config.KafkaSecurity(
+        Path("/k/server.p12"), Path("/k/trust.p12"), "secret", {"proxy": "pw1", "c": "pw2"}
+    )
     for ports, plain in ((Ports(), "19092"), (BEHIND, "24200")):
         p = config.server_properties(0, 1, ports, DATA, security)
         tls, sasl = ports.tls(0), ports.sasl_ssl(0)
@@ -242,6 +267,27 @@ def test_security_adds_tls_and_sasl_listeners_advertised_as_themselves() -> None
         )
         assert "ScramLoginModule" in p["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
         assert p["inter.broker.listener.name"] in ("PLAINTEXT", "INTERNAL")  # not secured
+
+
+def test_sasl_ssl_mode_leaves_clients_and_replication_nothing_else() -> None:
+    security = config.KafkaSecurity(
+        Path("/k/server.p12"), Path("/k/trust.p12"), "secret", {"proxy": "pw1"}, "sasl_ssl"
+    )
+    p = config.server_properties(1, 3, Ports(), DATA, security)
+    assert p["listeners"] == "SASL_SSL://127.0.0.1:19093,CONTROLLER://127.0.0.1:19193"
+    assert p["advertised.listeners"] == "SASL_SSL://127.0.0.1:19093"
+    assert p["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
+    assert p["inter.broker.listener.name"] == "SASL_SSL"
+    assert p["sasl.mechanism.inter.broker.protocol"] == "PLAIN"
+    assert p["listener.name.sasl_ssl.ssl.truststore.location"] == "/k/trust.p12"
+    assert p["listener.name.sasl_ssl.plain.sasl.jaas.config"] == (
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        'username="broker" password="secret" user_proxy="pw1" user_broker="secret";'
+    )
+    with pytest.raises(ValueError, match="advertised at their own ports"):
+        config.server_properties(0, 1, BEHIND, DATA, security)
+    with pytest.raises(ValueError, match="security must be one of"):
+        config.KafkaSecurity(Path("/k"), Path("/t"), "s", {}, "ssl")
 
 
 @pytest.mark.parametrize("advertised", [24190, 24194, 24240, 24292, 24294])

@@ -1,0 +1,177 @@
+"""A local environment with nothing but secured listeners (`local up --security sasl_ssl`):
+Kafka serves SASL_SSL only (replication too), Redis TLS only with client certificates and
+a password, and the environment's own proxy speaks TLS to its clients and SCRAM to Kafka.
+Nothing reaches either without credentials; dedup holds through a SIGKILL of the proxy for
+librdkafka and Kafka's Java producer, both with SCRAM over TLS through the proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kio.schema.api_versions.v0.request as api_versions_v0
+import kio.schema.metadata.v12.request as metadata_v12
+import pytest
+import redis
+
+from dedup.client import DedupProducer
+from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
+from deploy.tls import LocalTls
+from proxy.kafka.upstream_client import encode_request
+from tests.support.kafka_io import assert_exactly_once_in_order, read_all
+from tests.support.ports import SECURED_ENV
+from tests.support.raw import correlation_id, read_response
+from tests.support.topics import new_topic
+
+pytestmark = pytest.mark.integration
+
+TOTAL = 2000
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalEnvironment, EnvInfo]]:
+    env = LocalEnvironment(home=tmp_path_factory.mktemp("secured") / "env", ports=SECURED_ENV)
+    try:
+        yield env, env.up(brokers=1, proxies=1, security="sasl_ssl")
+    finally:
+        env.down(purge=True)
+
+
+def client_config(info: EnvInfo) -> dict[str, str]:
+    """User `client` with SCRAM-SHA-256 over TLS (to the proxy as to Kafka)."""
+    return info.kafka_config("client", "SCRAM-SHA-256")
+
+
+def test_nothing_answers_without_tls_and_credentials(
+    secured: tuple[LocalEnvironment, EnvInfo],
+) -> None:
+    _, info = secured
+    certs = LocalTls(Path(info.tls_dir))
+    host, port = info.bootstrap.split(",")[0].split(":")
+    request = encode_request(api_versions_v0.ApiVersionsRequest(), 7)
+    # Plaintext Kafka: the broker wants a TLS handshake; a Kafka request gets a TLS alert.
+    with socket.create_connection((host, int(port)), timeout=10) as plain:
+        assert exchange(plain, request)[:1] in (b"", b"\x15")  # nothing, or an alert record
+    # TLS without SASL: ApiVersions is answered (clients ask it before SASL), Metadata is not.
+    context = ssl.create_default_context(cafile=str(certs.ca_file))
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=host) as tls,
+    ):
+        tls.sendall(request)
+        assert correlation_id(read_response(tls)) == 7
+        metadata = metadata_v12.MetadataRequest(
+            topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+        )
+        tls.sendall(encode_request(metadata, 8))
+        assert exchange(tls, b"") == b""
+    # Redis: a plaintext client, then a TLS client without the password.
+    redis_port = int(info.redis.rsplit(":", 1)[1].split("/")[0])
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=redis_port, socket_timeout=3).ping()
+    anonymous = redis.Redis(
+        port=redis_port,
+        ssl=True,
+        ssl_ca_certs=str(certs.ca_file),
+        ssl_certfile=str(certs.client_cert_file),
+        ssl_keyfile=str(certs.client_key_file),
+        socket_timeout=3,
+    )
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
+    assert redis.Redis.from_url(
+        info.redis,
+        ssl_ca_certs=str(certs.ca_file),
+        ssl_certfile=str(certs.client_cert_file),
+        ssl_keyfile=str(certs.client_key_file),
+    ).ping()
+
+
+def exchange(raw: socket.socket, request: bytes) -> bytes:
+    """Send a request; the first bytes of the answer (empty: the peer closed)."""
+    raw.settimeout(10)
+    if request:
+        raw.sendall(request)
+    try:
+        return raw.recv(4)
+    except (ConnectionResetError, ssl.SSLEOFError):
+        return b""
+
+
+def test_dedup_holds_through_a_kill_of_the_environments_proxy(
+    secured: tuple[LocalEnvironment, EnvInfo],
+) -> None:
+    """librdkafka with SCRAM over TLS to proxy-1 (TLS listener, SCRAM-SHA-512 to Kafka,
+    Redis over TLS), killed with -9 mid-stream and started again; a second producer
+    re-sends the first 500. Read back from Kafka over SASL_SSL: every record once, in order."""
+    env, info = secured
+    proxy = info.proxies[0]
+    topic = new_topic(info.bootstrap, client_config=client_config(info))
+    producer = DedupProducer(proxy.bootstrap, "secured-env", **client_config(info))
+    errors: list[str] = []
+    delivered = 0
+
+    def on_delivery(error: Any, _message: object) -> None:
+        nonlocal delivered
+        delivered += 1
+        if error is not None:
+            errors.append(str(error))
+
+    killed = False
+    for n in range(TOTAL):
+        producer.send(topic, str(n).encode(), sequence_id=n, on_delivery=on_delivery)
+        if n % 20 == 0:
+            producer.poll(0.02)
+        if not killed and delivered >= 100:
+            producer.poll(0.003)
+            assert env.kill_proxy(1)
+            killed = True
+            env.start_proxy(1)
+    assert killed, "the stream ended before 100 records were acknowledged"
+    assert producer.flush(120) == 0
+    resend = DedupProducer(proxy.bootstrap, "secured-env", **client_config(info))
+    for n in range(500):
+        resend.send(topic, str(n).encode(), sequence_id=n, on_delivery=on_delivery)
+    assert resend.flush(60) == 0
+    assert errors == []
+    written = [value for value, _ in read_all(info.bootstrap, topic, **client_config(info))]
+    assert_exactly_once_in_order(written, TOTAL)
+
+
+def test_the_java_producer_with_scram_through_the_environments_proxy(
+    secured: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
+) -> None:
+    _, info = secured
+    certs = LocalTls(Path(info.tls_dir))
+    topic = new_topic(info.bootstrap, client_config=client_config(info))
+    config = tmp_path / "producer.properties"
+    config.write_text(
+        "security.protocol=SASL_SSL\n"
+        "sasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="client" password="{certs.sasl_users["client"]}";\n'
+        f"ssl.truststore.location={certs.truststore_file}\n"
+        "ssl.truststore.type=PKCS12\n"
+        f"ssl.truststore.password={certs.keystore_password}\n"
+    )
+    produced = subprocess.run(
+        java_tool_command(
+            "org.apache.kafka.tools.VerifiableProducer",
+            *("--bootstrap-server", info.proxies[0].bootstrap, "--topic", topic),
+            *("--max-messages", "500", "--acks", "-1", "--producer.config", str(config)),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    events = [json.loads(line) for line in produced.stdout.splitlines() if line.startswith("{")]
+    assert len([e for e in events if e.get("name") == "producer_send_success"]) == 500
+    written = [value for value, _ in read_all(info.bootstrap, topic, **client_config(info))]
+    assert written == [str(i).encode() for i in range(500)]
