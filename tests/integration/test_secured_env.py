@@ -2,7 +2,7 @@
 Kafka serves SASL_SSL only (replication too), Redis TLS only with client certificates and
 a password, and the environment's own proxy speaks TLS to its clients and SCRAM to Kafka.
 Nothing reaches either without credentials; dedup holds through a SIGKILL of the proxy for
-librdkafka and Kafka's Java producer, both with SCRAM over TLS through the proxy.
+librdkafka and for Kafka's Java producer, both with SCRAM over TLS through the proxy.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import socket
 import ssl
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,11 @@ from dedup.client import DedupProducer
 from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
 from deploy.tls import LocalTls
 from proxy.kafka.upstream_client import encode_request
-from tests.support.kafka_io import assert_exactly_once_in_order, read_all
+from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
 from tests.support.ports import SECURED_ENV
 from tests.support.raw import correlation_id, read_response
 from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -144,10 +146,13 @@ def test_dedup_holds_through_a_kill_of_the_environments_proxy(
     assert_exactly_once_in_order(written, TOTAL)
 
 
-def test_the_java_producer_with_scram_through_the_environments_proxy(
+def test_the_java_producer_with_scram_through_a_kill_of_the_environments_proxy(
     secured: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
 ) -> None:
-    _, info = secured
+    """Kafka's VerifiableProducer (idempotent; the proxy dedups on its producer id and
+    sequences) with SCRAM over TLS through proxy-1, which is killed with -9 while it writes
+    and started again: every record acknowledged, and written once, in order."""
+    env, info = secured
     certs = LocalTls(Path(info.tls_dir))
     topic = new_topic(info.bootstrap, client_config=client_config(info))
     config = tmp_path / "producer.properties"
@@ -159,19 +164,41 @@ def test_the_java_producer_with_scram_through_the_environments_proxy(
         f"ssl.truststore.location={certs.truststore_file}\n"
         "ssl.truststore.type=PKCS12\n"
         f"ssl.truststore.password={certs.keystore_password}\n"
+        "enable.idempotence=true\nacks=all\nretries=2147483647\nlinger.ms=1\nbatch.size=4096\n"
     )
-    produced = subprocess.run(
-        java_tool_command(
-            "org.apache.kafka.tools.VerifiableProducer",
-            *("--bootstrap-server", info.proxies[0].bootstrap, "--topic", topic),
-            *("--max-messages", "500", "--acks", "-1", "--producer.config", str(config)),
+    total = 3000
+    command = java_tool_command(
+        "org.apache.kafka.tools.VerifiableProducer",
+        *("--bootstrap-server", info.proxies[0].bootstrap, "--topic", topic),
+        *("--max-messages", str(total), "--throughput", "600"),
+        *("--producer.config", str(config)),
+    )
+    output: list[str] = []
+    problems: list[str] = []
+
+    def run() -> None:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+        output.extend(done.stdout.splitlines())
+        if done.returncode != 0:
+            problems.append(f"exit {done.returncode}: {done.stderr[-3000:]}")
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    wait_until(
+        lambda: (
+            end_offset(info.bootstrap, topic, **client_config(info)) > 300 or not runner.is_alive()
         ),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=True,
+        120,
+        "the Java producer has written its first records",
     )
-    events = [json.loads(line) for line in produced.stdout.splitlines() if line.startswith("{")]
-    assert len([e for e in events if e.get("name") == "producer_send_success"]) == 500
+    assert runner.is_alive(), f"the producer finished before the kill: {problems}"
+    assert env.kill_proxy(1)
+    env.start_proxy(1)
+    runner.join(300)
+    assert problems == []
+    events = [json.loads(line) for line in output if line.startswith("{")]
+    acked = [e for e in events if e.get("name") == "producer_send_success"]
+    failed = [e.get("exception", e) for e in events if e.get("name") == "producer_send_error"]
+    assert failed == [] and len(acked) == total, (len(failed), failed[:3])
     written = [value for value, _ in read_all(info.bootstrap, topic, **client_config(info))]
-    assert written == [str(i).encode() for i in range(500)]
+    assert_exactly_once_in_order(written, total)

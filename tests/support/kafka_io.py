@@ -44,9 +44,12 @@ def values(bootstrap: str, topic: str) -> list[bytes]:
     return [value for value, _ in read_all(bootstrap, topic)]
 
 
-def end_offset(bootstrap: str, topic: str, partition: int = 0) -> int:
-    """The partition's high watermark: the offset the next write gets."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"e-{uuid.uuid4().hex}"})
+def end_offset(bootstrap: str, topic: str, partition: int = 0, **config: str) -> int:
+    """The partition's high watermark: the offset the next write gets (``config``: more
+    consumer settings, security)."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"e-{uuid.uuid4().hex}", **config}
+    )
     try:
         _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
         return int(high)
