@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.parse
 import urllib.request
 import uuid
@@ -63,8 +64,25 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-# Where `DedupProducer` and the CLI find the admin API's bearer token when none is given.
+# Where `DedupProducer` and the CLI find the admin API's bearer token when none is given,
+# and, for an admin API on HTTPS, the CA its certificate chains to and a client certificate
+# (mutual TLS) with its key.
 ADMIN_TOKEN_ENV = "DEDUP_PROXY_ADMIN_TOKEN"
+ADMIN_CA_FILE_ENV = "DEDUP_PROXY_ADMIN_CA_FILE"
+ADMIN_CERT_FILE_ENV = "DEDUP_PROXY_ADMIN_CERT_FILE"
+ADMIN_KEY_FILE_ENV = "DEDUP_PROXY_ADMIN_KEY_FILE"
+
+
+def admin_tls_from_env() -> ssl.SSLContext | None:
+    """The TLS context for the admin API that the environment describes (None: none)."""
+    ca = os.environ.get(ADMIN_CA_FILE_ENV) or None
+    cert = os.environ.get(ADMIN_CERT_FILE_ENV) or None
+    if ca is None and cert is None:
+        return None
+    context = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        context.load_cert_chain(cert, os.environ.get(ADMIN_KEY_FILE_ENV) or None)
+    return context
 
 
 class DedupProducer:
@@ -77,6 +95,7 @@ class DedupProducer:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         admin_token: str | None = None,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        admin_tls: ssl.SSLContext | None = None,
         **confluent_config: Any,
     ) -> None:
         if chunk_size < 1 or max_message_size < 0:
@@ -90,6 +109,8 @@ class DedupProducer:
         self._admin_url = admin_url.rstrip("/") if admin_url else None
         # A read-scope token is enough for what a producer asks (docs/operations.md).
         self._admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
+        # HTTPS to the admin API: its CA, and a client certificate where it asks for one.
+        self._admin_tls = admin_tls or admin_tls_from_env()
         self.producer_name = producer_name or self._assign_name()
         if not self.producer_name:
             raise ValueError("producer_name must not be empty")
@@ -217,7 +238,7 @@ class DedupProducer:
             raise RuntimeError("this needs the proxy's admin_url")
         headers = {"Authorization": f"Bearer {self._admin_token}"} if self._admin_token else {}
         request = urllib.request.Request(f"{self._admin_url}{path}", method=method, headers=headers)
-        with urllib.request.urlopen(request, timeout=30) as answer:
+        with urllib.request.urlopen(request, timeout=30, context=self._admin_tls) as answer:
             body: dict[str, Any] = json.load(answer)
             return body
 

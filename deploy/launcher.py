@@ -46,8 +46,10 @@ class ProxyProcess:
     die_with_parent: bool = True
     # `serve --workers N`: worker i serves the admin API on admin_port + i.
     workers: int = 1
-    # The admin API speaks HTTPS (admin_tls_* settings): the CA its certificate chains to.
+    # The admin API speaks HTTPS (admin_tls_* settings): the CA its certificate chains to,
+    # and a client certificate with its key (admin_tls_client_ca_file: mutual TLS).
     admin_ca_file: Path | None = None
+    admin_client_cert: tuple[Path, Path] | None = None
     _process: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
 
@@ -65,7 +67,10 @@ class ProxyProcess:
         """For requests to an HTTPS admin API (None: plain HTTP)."""
         if self.admin_ca_file is None:
             return None
-        return ssl.create_default_context(cafile=self.admin_ca_file)
+        context = ssl.create_default_context(cafile=self.admin_ca_file)
+        if self.admin_client_cert is not None:
+            context.load_cert_chain(*self.admin_client_cert)
+        return context
 
     @property
     def pid(self) -> int:

@@ -34,9 +34,7 @@ def create_topic(
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {name} got no leaders within {timeout_s}s")
         time.sleep(0.1)
-    probe = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "probe", **(client_config or {})}
-    )
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", **(client_config or {})})
     try:  # ListOffsets answers only once each leader serves its partition
         for partition in range(partitions):
             while True:

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dedup.client import ADMIN_TOKEN_ENV
+from dedup.client import ADMIN_TOKEN_ENV, admin_tls_from_env
 from dedup.policies import Mode
 
 AdminUrl = Annotated[
@@ -42,7 +42,8 @@ def _call(
         admin_url.rstrip("/") + path, data=data, method=method, headers=headers
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        context = admin_tls_from_env()  # DEDUP_PROXY_ADMIN_CA_FILE, _CERT_FILE, _KEY_FILE
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as answer:
             return json.load(answer)
     except urllib.error.HTTPError as exc:
         typer.echo(f"dedup-proxy: {exc.code} {exc.read().decode(errors='replace')}", err=True)

@@ -28,15 +28,20 @@ def build_admin_app(server: ProxyServer, routes: Sequence[AdminRoutes] = ()) -> 
     """The app, behind bearer-token checks when tokens are configured (`admin_auth`)."""
     settings = server.settings
     tokens = load_admin_tokens(settings.admin_tokens_file, settings.admin_tokens)
-    if tokens is None:
+    certificates = settings.admin_tls_client_ca_file is not None
+    if tokens is None and not certificates:
         if not _loopback(settings.admin_endpoint.host):
             log.warning(
-                "the admin API is open to anyone who reaches it: configure admin_tokens_file "
-                "or admin_tokens, or bind it to a loopback address",
+                "the admin API is open to anyone who reaches it: configure admin_tokens_file, "
+                "admin_tokens or admin_tls_client_ca_file, or bind it to a loopback address",
                 admin=settings.admin,
             )
     else:
-        log.info("admin API needs bearer tokens", tokens=scopes_listed(tokens.tokens))
+        log.info(
+            "admin API needs credentials",
+            tokens=scopes_listed(tokens.tokens) if tokens else None,
+            client_certificates=certificates,
+        )
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -55,7 +60,8 @@ def build_admin_app(server: ProxyServer, routes: Sequence[AdminRoutes] = ()) -> 
         }
         return web.json_response(body, status=200 if fresh else 503)
 
-    app = web.Application(middlewares=[auth_middleware(tokens)] if tokens else [])
+    guarded = tokens is not None or certificates
+    app = web.Application(middlewares=[auth_middleware(tokens, certificates)] if guarded else [])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     for add_routes in routes:

@@ -10,8 +10,11 @@ environment as ``DEDUP_PROXY_ADMIN_TOKENS``). Two scopes:
 
 With tokens configured, every request but ``/healthz`` and ``/metrics`` (probes and
 Prometheus scrapes) needs ``Authorization: Bearer <token>``: none or an unknown one is
-answered 401, a read token on a write 403. Without any token the API is open, as before;
-the proxy then warns at start when the admin listener is not on a loopback address.
+answered 401, a read token on a write 403. Or mutual TLS (``admin_tls_client_ca_file``):
+a client certificate that chains to that CA authenticates a request with the admin scope,
+with or without a token (the TLS handshake verified it; a client without one may still
+reach the open paths). Without either the API is open, as before; the proxy then warns at
+start when the admin listener is not on a loopback address.
 """
 
 from __future__ import annotations
@@ -94,17 +97,27 @@ def needed_scope(method: str, path: str) -> Scope | None:
     return Scope.ADMIN
 
 
-def auth_middleware(tokens: AdminTokens) -> Middleware:
+def auth_middleware(tokens: AdminTokens | None, certificates: bool = False) -> Middleware:
+    """Checks tokens, and with ``certificates`` takes a verified client certificate as an
+    admin credential (the listener verified it against its client CA)."""
+
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
         needed = needed_scope(request.method, request.path)
         if needed is None:
             return await handler(request)
+        if certificates and _verified_certificate(request):
+            return await handler(request)
         kind, _, presented = request.headers.get("Authorization", "").partition(" ")
-        scope = tokens.scope_of(presented.strip()) if kind.lower() == "bearer" else None
+        scope = None
+        if tokens is not None and kind.lower() == "bearer":
+            scope = tokens.scope_of(presented.strip())
         if scope is None:
+            what = "a bearer token (Authorization: Bearer <token>)" if tokens else ""
+            if certificates:
+                what = f"{what} or a client certificate" if what else "a client certificate"
             raise web.HTTPUnauthorized(
-                text="a bearer token is needed (Authorization: Bearer <token>)",
+                text=f"{what} is needed",
                 headers={"WWW-Authenticate": 'Bearer realm="dedup-proxy"'},
             )
         if needed is Scope.ADMIN and scope is not Scope.ADMIN:
@@ -112,6 +125,11 @@ def auth_middleware(tokens: AdminTokens) -> Middleware:
         return await handler(request)
 
     return authenticate
+
+
+def _verified_certificate(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is not None and bool(transport.get_extra_info("peercert"))
 
 
 def scopes_listed(tokens: Iterable[tuple[bytes, Scope]]) -> dict[str, int]:

@@ -26,11 +26,13 @@ class SecurityConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class ServerTls:
     """A listener that terminates TLS: its certificate chain and key, and optionally the
-    CA that client certificates must chain to (then a client without one is refused)."""
+    CA that client certificates must chain to (then a client without one is refused, or,
+    with ``require_client_certificate`` off, let in for the application to decide)."""
 
     cert_file: Path
     key_file: Path
     client_ca_file: Path | None = None
+    require_client_certificate: bool = True
 
     def context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -38,7 +40,9 @@ class ServerTls:
         _load_chain(context, self.cert_file, self.key_file, "listener")
         if self.client_ca_file is not None:
             _load_ca(context, self.client_ca_file, "client CA")
-            context.verify_mode = ssl.CERT_REQUIRED
+            context.verify_mode = (
+                ssl.CERT_REQUIRED if self.require_client_certificate else ssl.CERT_OPTIONAL
+            )
         return context
 
 

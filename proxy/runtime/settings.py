@@ -154,6 +154,11 @@ class ProxySettings(BaseSettings):
         default=None, description="PEM certificate chain: the admin API speaks HTTPS (with the key)"
     )
     admin_tls_key_file: Path | None = Field(default=None, description="its PEM private key")
+    admin_tls_client_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CA bundle: a client certificate chaining to it authenticates an admin "
+        "request (admin scope), as a bearer token does; probes stay open",
+    )
     reuse_port: bool = Field(
         default=False,
         description="open the bootstrap listener with SO_REUSEPORT, so several processes share "
@@ -251,7 +256,13 @@ class ProxySettings(BaseSettings):
 
     @property
     def admin_tls(self) -> ServerTls | None:
-        return _server_tls("admin", self.admin_tls_cert_file, self.admin_tls_key_file, None)
+        return _server_tls(
+            "admin",
+            self.admin_tls_cert_file,
+            self.admin_tls_key_file,
+            self.admin_tls_client_ca_file,
+            require_client_certificate=False,  # /healthz and /metrics stay open to probes
+        )
 
     @property
     def upstream_security(self) -> UpstreamSecurity:
@@ -349,7 +360,11 @@ class ProxySettings(BaseSettings):
 
 
 def _server_tls(
-    name: str, cert: Path | None, key: Path | None, client_ca: Path | None
+    name: str,
+    cert: Path | None,
+    key: Path | None,
+    client_ca: Path | None,
+    require_client_certificate: bool = True,
 ) -> ServerTls | None:
     if cert is None and key is None:
         if client_ca is not None:
@@ -357,7 +372,7 @@ def _server_tls(
         return None
     if cert is None or key is None:
         raise SecurityConfigError(f"{name}_tls_cert_file and {name}_tls_key_file go together")
-    return ServerTls(cert, key, client_ca)
+    return ServerTls(cert, key, client_ca, require_client_certificate)
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)

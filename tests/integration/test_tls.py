@@ -15,10 +15,13 @@ TLS or nothing works.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import ssl
 import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -98,6 +101,7 @@ def tls_proxy(
         home / "proxy.log",
         upstream=local_env.tls_bootstrap,
         admin_ca_file=certs.ca_file,
+        admin_client_cert=(certs.client_cert_file, certs.client_key_file),
         DEDUP_PROXY_REDIS=tls_redis,
         DEDUP_PROXY_REDIS_TLS_CA_FILE=str(certs.ca_file),
         DEDUP_PROXY_REDIS_TLS_CERT_FILE=str(certs.client_cert_file),
@@ -111,6 +115,7 @@ def tls_proxy(
         DEDUP_PROXY_UPSTREAM_TLS_CA_FILE=str(certs.ca_file),
         DEDUP_PROXY_ADMIN_TLS_CERT_FILE=str(certs.server_cert_file),
         DEDUP_PROXY_ADMIN_TLS_KEY_FILE=str(certs.server_key_file),
+        DEDUP_PROXY_ADMIN_TLS_CLIENT_CA_FILE=str(certs.ca_file),
     ).start()
     yield process
     assert process.stop() == 0, f"proxy did not shut down cleanly; see {home / 'proxy.log'}"
@@ -232,6 +237,29 @@ def test_dedup_over_tls_holds_through_a_proxy_sigkill(
     topic = produce_through_a_kill(tls_proxy, local_env, certs, client_tls(certs))
     # The client certificate's subject is the principal its producer name is bound to.
     assert principals(tls_proxy, topic) == {"secured-loader": "User:CN=client"}
+    # A producer and the CLI ask the admin API (HTTPS, client certificate) where to resume.
+    resumed = DedupProducer(
+        tls_proxy.bootstrap,
+        "secured-loader",
+        admin_url=tls_proxy.admin_url,
+        admin_tls=tls_proxy.admin_tls,
+        **client_tls(certs),
+    )
+    assert resumed.last_sequence_id(topic) == TOTAL - 1
+    cli = subprocess.run(
+        [sys.executable, "-m", "dedup", "producers", topic, "--name", "secured-loader"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "DEDUP_PROXY_ADMIN_URL": tls_proxy.admin_url,
+            "DEDUP_PROXY_ADMIN_CA_FILE": str(certs.ca_file),
+            "DEDUP_PROXY_ADMIN_CERT_FILE": str(certs.client_cert_file),
+            "DEDUP_PROXY_ADMIN_KEY_FILE": str(certs.client_key_file),
+        },
+    )
+    assert (cli.returncode, cli.stdout.strip()) == (0, str(TOTAL - 1)), cli.stderr
 
 
 def test_dedup_over_sasl_ssl_holds_through_a_proxy_sigkill(
@@ -502,6 +530,17 @@ def test_a_plaintext_client_gets_nothing_from_a_tls_listener(
 def test_the_admin_api_speaks_https_only(tls_proxy: ProxyProcess, certs: LocalTls) -> None:
     health = tls_proxy.health()  # over HTTPS, checked against the local CA
     assert health is not None and health["status"] == "ok"
+    # Mutual TLS authenticates: without a client certificate only the probes answer.
+    anonymous = ssl.create_default_context(cafile=certs.ca_file)
+    with urllib.request.urlopen(f"{tls_proxy.admin_url}/healthz", context=anonymous) as answer:
+        assert answer.status == 200
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{tls_proxy.admin_url}/v1/ownership", context=anonymous)
+    assert refused.value.code == 401
+    with urllib.request.urlopen(
+        f"{tls_proxy.admin_url}/v1/ownership", context=tls_proxy.admin_tls
+    ) as answer:
+        assert answer.status == 200
     with socket.create_connection(("127.0.0.1", TLS.admin), timeout=5) as plain:
         plain.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         try:

@@ -18,11 +18,13 @@ def own_proxy(
     *,
     upstream: str | None = None,
     admin_ca_file: Path | None = None,
+    admin_client_cert: tuple[Path, Path] | None = None,
     **settings: str,
 ) -> ProxyProcess:
     """Not started: call ``.start()`` (and ``.stop()``). ``upstream``: other bootstrap
     servers than the environment's plaintext ones (its TLS or SASL_SSL listeners);
-    ``admin_ca_file``: the admin API speaks HTTPS."""
+    ``admin_ca_file``: the admin API speaks HTTPS (``admin_client_cert``: with this client
+    certificate and key)."""
     return ProxyProcess(
         upstream=upstream or env.bootstrap,
         listen_port=ports.listen,
@@ -35,6 +37,7 @@ def own_proxy(
         },
         log_path=log_path,
         admin_ca_file=admin_ca_file,
+        admin_client_cert=admin_client_cert,
     )
 
 
