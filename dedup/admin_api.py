@@ -13,6 +13,7 @@ GET    /v1/snapshots              per partition this proxy writes: recovery, sna
 POST   /v1/topics/{topic}/partitions/{partition}/snapshot          take a snapshot now
 POST   /v1/topics/{topic}/partitions/{partition}/recover[?wait_s=N] recover from the log now
 POST   /v1/topics/{topic}/partitions/{partition}/producers/{name}/reset  forget one producer
+POST   /v1/topics/{topic}/producers/{name}/reset   ... on every partition this instance owns
 GET    /v1/topics/{topic}/principals              producer name -> the principal it belongs to
 DELETE /v1/topics/{topic}/principals/{name}       release a name (the next principal owns it)
 
@@ -249,6 +250,30 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
             {"topic": topic, "partition": partition, "producer": name, "offset": offset}
         )
 
+    async def reset_producer_on_topic(request: web.Request) -> web.Response:
+        topic, name = _topic(request), request.match_info["name"]
+        partitions = await service.topic_partitions(topic)
+        if not partitions:
+            raise web.HTTPNotFound(text=f"no topic {topic} in Kafka")
+        reset: dict[str, int] = {}
+        elsewhere: list[int] = []
+        for partition in partitions:
+            try:
+                offset = await service.reset_producer(topic, partition, name)
+            except (SnapshotError, RedisError, OSError, TimeoutError) as exc:
+                raise web.HTTPServiceUnavailable(
+                    text=f"reset of {name} on {topic}/{partition} failed (partitions reset "
+                    f"before it: {sorted(reset)}): {type(exc).__name__}: {exc}"
+                ) from None
+            if offset is None:
+                elsewhere.append(partition)
+            else:
+                reset[str(partition)] = offset
+        # Partitions recovered by other instances are theirs to reset (ask each of them).
+        return web.json_response(
+            {"topic": topic, "producer": name, "reset": reset, "not_owned_here": elsewhere}
+        )
+
     async def principals(request: web.Request) -> web.Response:
         topic = _topic(request)
         return web.json_response(
@@ -264,6 +289,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
     app.router.add_get("/v1/ownership", ownership)
     app.router.add_get(base + "/principals", principals)
     app.router.add_post(base + "/partitions/{partition}/producers/{name}/reset", reset_producer)
+    app.router.add_post(base + "/producers/{name}/reset", reset_producer_on_topic)
     app.router.add_delete(base + "/principals/{name}", release_principal)
     app.router.add_get(base + "/partitions/{partition}/producers/{name}", last_sequence)
     app.router.add_get(base + "/producers/{name}", topic_last_sequence)

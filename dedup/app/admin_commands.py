@@ -193,14 +193,29 @@ def recover(
 
 def reset_producer(
     topic: Annotated[str, typer.Argument(help="the topic")],
-    partition: Annotated[int, typer.Argument(help="the partition")],
+    partition: Annotated[
+        str, typer.Argument(help="the partition, or `all`: every one this instance owns")
+    ],
     producer: Annotated[str, typer.Argument(help="the producer name")],
     admin_url: AdminUrl = DEFAULT_ADMIN_URL,
 ) -> None:
-    """Forget one producer on a partition: its next record is new whatever its sequence
-    (recorded in the snapshot topic, so a recovery honours it)."""
+    """Forget one producer on a partition (or on all of a topic's partitions this instance
+    owns): its next record is new whatever its sequence (recorded in the snapshot topic, so
+    a recovery honours it)."""
     quoted, name = urllib.parse.quote(topic, safe=""), urllib.parse.quote(producer, safe="")
-    path = f"/v1/topics/{quoted}/partitions/{partition}/producers/{name}/reset"
+    if partition == "all":
+        answer = _call(admin_url, "POST", f"/v1/topics/{quoted}/producers/{name}/reset")
+        for number, offset in sorted(answer["reset"].items(), key=lambda item: int(item[0])):
+            typer.echo(f"producer {producer} reset on {topic}/{number} at offset {offset}")
+        if answer["not_owned_here"]:
+            typer.echo(
+                f"not owned by this instance (reset them on their owners): partitions "
+                f"{', '.join(str(p) for p in answer['not_owned_here'])}"
+            )
+        return
+    if not partition.isdigit():
+        raise typer.BadParameter(f"partition must be a number or `all`, not {partition!r}")
+    path = f"/v1/topics/{quoted}/partitions/{int(partition)}/producers/{name}/reset"
     answer = _call(admin_url, "POST", path)
     typer.echo(f"producer {producer} reset on {topic}/{partition} at offset {answer['offset']}")
 

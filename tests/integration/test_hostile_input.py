@@ -10,7 +10,10 @@ the figures are the benchmarks' (`benchmarks/stall.py`), not the tests'.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -165,6 +168,34 @@ def test_a_forged_huge_sequence_is_refused_and_the_real_producer_goes_on(
         loader.send(topic, str(sequence).encode(), sequence_id=sequence)
     assert loader.flush(60) == 0
     assert_exactly_once_in_order(values(local_env.bootstrap, topic), 200)
+
+
+def test_a_silenced_producer_is_reset_on_every_partition_at_once(
+    jump_bounded: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """`reset-producer TOPIC all NAME`: a producer that restarts its sequences at 0 on each
+    of three partitions writes again once it is reset on all of them, with one command."""
+    topic = new_topic(local_env.bootstrap, partitions=3)
+    loader = DedupProducer(jump_bounded.bootstrap, "restarter")
+    for partition in range(3):
+        for sequence in range(10):
+            value = f"{partition}-{sequence}".encode()
+            loader.send(topic, value, sequence_id=sequence, partition=partition)
+    assert loader.flush(60) == 0
+    command = [sys.executable, "-m", "dedup", "reset-producer", topic, "all", "restarter"]
+    env = {**os.environ, "DEDUP_PROXY_ADMIN_URL": jump_bounded.admin_url}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert [line.split(" at offset ")[0] for line in done.stdout.splitlines()] == [
+        f"producer restarter reset on {topic}/{p}" for p in range(3)
+    ]
+    again = DedupProducer(jump_bounded.bootstrap, "restarter")
+    for partition in range(3):
+        again.send(topic, f"{partition}-again".encode(), sequence_id=0, partition=partition)
+    assert again.flush(60) == 0
+    for partition in range(3):
+        landed = [value for value, _ in read_all(local_env.bootstrap, topic, partition)]
+        assert landed[-1] == f"{partition}-again".encode() and len(landed) == 11
 
 
 def test_a_partition_that_cannot_recover_holds_back_no_other(
