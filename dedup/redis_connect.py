@@ -10,6 +10,8 @@
 - ``redis+cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]``: a Redis Cluster, found
   from any of these nodes. The client routes each command to its slot's primary and
   re-reads the slot map after a failover.
+- ``rediss+sentinel://...`` and ``rediss+cluster://...``: the same over TLS (to the
+  Sentinels as to the data nodes), with the ``ssl_*`` arguments given (CA, certificate).
 
 A port left out is Redis's default (6379; 26379 for a Sentinel).
 
@@ -43,6 +45,7 @@ AnyRedis = redis.asyncio.Redis | RedisCluster
 
 SENTINEL_SCHEME = "redis+sentinel"
 CLUSTER_SCHEME = "redis+cluster"
+TLS_SCHEMES = ("rediss", "rediss+sentinel", "rediss+cluster")
 _SINGLE_SCHEMES = ("redis", "rediss", "unix")
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
@@ -59,11 +62,14 @@ def redis_from_url(url: str, **kwargs: Any) -> AnyRedis:
     kwargs.setdefault("retry", no_retry())
     if scheme in _SINGLE_SCHEMES:
         return _cancel_safe(redis.asyncio.from_url(url, **kwargs))
-    if scheme == SENTINEL_SCHEME:
+    if scheme in TLS_SCHEMES:
+        kwargs["ssl"] = True
+    if scheme in (SENTINEL_SCHEME, "rediss+sentinel"):
         return _cancel_safe(_sentinel(url, **kwargs))
-    if scheme == CLUSTER_SCHEME:
+    if scheme in (CLUSTER_SCHEME, "rediss+cluster"):
         return _cancel_safe(_cluster(url, **kwargs))
     known = ", ".join(f"{s}://" for s in (*_SINGLE_SCHEMES, SENTINEL_SCHEME, CLUSTER_SCHEME))
+    known += ", and rediss+sentinel://, rediss+cluster:// (TLS)"
     raise ValueError(
         f"unknown Redis URL scheme {scheme!r} in {redacted(url)!r}: use one of {known}"
     )
@@ -96,10 +102,10 @@ def _sentinel(url: str, **kwargs: Any) -> redis.asyncio.Redis:
     db = _db(path[1], url) if len(path) == 2 else 0
     hosts = _hosts(netloc, DEFAULT_SENTINEL_PORT, url)
     credentials = _credentials(netloc)
-    # The Sentinels get the socket settings but not the data nodes' credentials; a Sentinel
-    # that does not answer within a second (or the given timeout, if shorter) is skipped for
-    # the next one.
-    sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
+    # The Sentinels get the socket and TLS settings but not the data nodes' credentials; a
+    # Sentinel that does not answer within a second (or the given timeout, if shorter) is
+    # skipped for the next one.
+    sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith(("socket_", "ssl"))}
     for timeout in ("socket_timeout", "socket_connect_timeout"):
         sentinel_kwargs[timeout] = min(
             sentinel_kwargs.get(timeout) or SENTINEL_TIMEOUT_S, SENTINEL_TIMEOUT_S

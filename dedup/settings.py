@@ -160,8 +160,11 @@ class DedupSettings(BaseSettings):
         if self.heartbeat_s * 3 > self.lease_ttl_s:
             raise ValueError("lease_ttl_s must be at least three heartbeats (heartbeat_s)")
         files = (self.redis_tls_ca_file, self.redis_tls_cert_file, self.redis_tls_key_file)
-        if any(files) and not self.redis.lower().startswith("rediss://"):
-            raise ValueError("redis_tls_* settings need a rediss:// Redis URL")
+        if any(files) and not self.redis.lower().startswith(("rediss://", "rediss+")):
+            raise ValueError(
+                "redis_tls_* settings need a TLS Redis URL (rediss://, rediss+sentinel://, "
+                "rediss+cluster://)"
+            )
         if (self.redis_tls_cert_file is None) != (self.redis_tls_key_file is None):
             raise ValueError("redis_tls_cert_file and redis_tls_key_file go together")
         for path in files:

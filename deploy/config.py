@@ -589,7 +589,12 @@ def redis_node_settings(topology: str, base: int, index: int) -> tuple[tuple[str
 
 
 def sentinel_config(
-    port: int, primary_port: int, work_dir: Path, pid_file: Path, log_file: Path
+    port: int,
+    primary_port: int,
+    work_dir: Path,
+    pid_file: Path,
+    log_file: Path,
+    extra: tuple[tuple[str, str], ...] = (),
 ) -> str:
     """One Sentinel watching the primary on `primary_port` (quorum 2 of 3). Sentinel rewrites
     this file with what it learns (replicas, other Sentinels, the current primary), so it
@@ -606,6 +611,7 @@ def sentinel_config(
         ("sentinel down-after-milliseconds", f"{SENTINEL_MASTER} {SENTINEL_DOWN_AFTER_MS}"),
         ("sentinel failover-timeout", f"{SENTINEL_MASTER} {SENTINEL_FAILOVER_TIMEOUT_MS}"),
         ("sentinel parallel-syncs", f"{SENTINEL_MASTER} 1"),
+        *extra,
     ]
     return "\n".join(f"{key} {value}" for key, value in settings) + "\n"
 

@@ -471,11 +471,8 @@ class LocalEnvironment:
                 raise LocalEnvError(
                     f"security must be one of {config.SECURITY_MODES}, not {security!r}"
                 )
-            if security == "sasl_ssl" and (redis != "single" or self.ports.advertises_elsewhere):
-                raise LocalEnvError(
-                    "security sasl_ssl runs the single Redis topology, with brokers "
-                    "advertised at their own ports"
-                )
+            if security == "sasl_ssl" and self.ports.advertises_elsewhere:
+                raise LocalEnvError("security sasl_ssl needs brokers advertised at their own ports")
             count = recorded.proxies if proxies is None else proxies
             placement = placement or recorded.proxy_placement
             workers = recorded.proxy_workers if workers is None else workers

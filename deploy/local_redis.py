@@ -63,7 +63,8 @@ class RedisNode:
 
 @dataclass(frozen=True)
 class RedisTls:
-    """Redis that speaks TLS only, asks clients for a certificate, and for a password."""
+    """Redis that speaks TLS only (replication, the cluster bus and the Sentinels too),
+    asks clients for a certificate, and data nodes for a password."""
 
     ca_file: Path
     cert_file: Path  # the server's
@@ -72,15 +73,36 @@ class RedisTls:
     client_key_file: Path
     password: str = field(repr=False)
 
-    def server_settings(self) -> tuple[tuple[str, str], ...]:
-        return (
-            ("port", "0"),  # no plaintext port (the later setting wins)
+    def server_settings(self, port: int, sentinel: bool = False) -> tuple[tuple[str, str], ...]:
+        """The settings after a node's own (the later setting wins)."""
+        shared = (
+            ("port", "0"),  # no plaintext port
+            ("tls-port", str(port)),
             ("tls-cert-file", str(self.cert_file)),
             ("tls-key-file", str(self.key_file)),
             ("tls-ca-cert-file", str(self.ca_file)),
             ("tls-auth-clients", "yes"),
-            ("requirepass", self.password),
+            # What it presents when it connects (to its primary; a Sentinel to the nodes).
+            ("tls-client-cert-file", str(self.client_cert_file)),
+            ("tls-client-key-file", str(self.client_key_file)),
+            ("tls-replication", "yes"),
         )
+        if sentinel:
+            return (*shared, ("sentinel auth-pass", f"{config.SENTINEL_MASTER} {self.password}"))
+        return (
+            *shared,
+            ("tls-cluster", "yes"),
+            ("requirepass", self.password),
+            ("masterauth", self.password),
+        )
+
+    def cli_arguments(self) -> list[str]:
+        """redis-cli's, to reach the data nodes."""
+        return [
+            *("--tls", "--cacert", str(self.ca_file)),
+            *("--cert", str(self.client_cert_file), "--key", str(self.client_key_file)),
+            *("-a", self.password, "--no-auth-warning"),
+        ]
 
     def client_settings(self) -> dict[str, Any]:
         """redis-py's connection arguments."""
@@ -95,15 +117,13 @@ class RedisTls:
 
 class LocalRedis:
     """Starts, watches and breaks the Redis processes of one topology. Callers hold the
-    state home's lock (`deploy.local.LocalEnvironment` does). With ``tls`` (the single
-    topology only), Redis speaks TLS only and asks for a password."""
+    state home's lock (`deploy.local.LocalEnvironment` does). With ``tls``, Redis speaks
+    TLS only and asks for a password (`RedisTls`)."""
 
     def __init__(
         self, home: Path, port: int, topology: str = "single", tls: RedisTls | None = None
     ) -> None:
         config.check_redis_topology(topology)
-        if tls is not None and topology != "single":
-            raise LocalRedisError(f"TLS is for the single topology only, not {topology}")
         self.home = home
         self.port = port
         self.topology = topology
@@ -113,9 +133,11 @@ class LocalRedis:
 
     @property
     def url(self) -> str:
-        if self.tls is not None:
-            return f"rediss://:{self.tls.password}@{HOST}:{self.port}/0"
-        return config.redis_url(self.topology, self.port)
+        plain = config.redis_url(self.topology, self.port)
+        if self.tls is None:
+            return plain
+        scheme, _, rest = plain.partition("://")
+        return f"{scheme.replace('redis', 'rediss', 1)}://:{self.tls.password}@{rest}"
 
     @property
     def directory(self) -> Path:
@@ -302,8 +324,7 @@ class LocalRedis:
                     node.log,
                     extra=(
                         *config.redis_node_settings(self.topology, self.port, node.index),
-                        *((("tls-port", str(node.port)),) if self.tls else ()),
-                        *(self.tls.server_settings() if self.tls else ()),
+                        *(self.tls.server_settings(node.port) if self.tls else ()),
                     ),
                 )
             )
@@ -323,6 +344,9 @@ class LocalRedis:
                     sentinel.directory,
                     sentinel.process.pid_file,
                     sentinel.log,
+                    extra=self.tls.server_settings(sentinel.port, sentinel=True)
+                    if self.tls
+                    else (),
                 )
             )
         argv = [paths.redis_server_executable(), str(conf), "--sentinel"]
@@ -412,7 +436,8 @@ class LocalRedis:
         if cli is None:
             raise LocalRedisError(f"redis-cli not found: {paths.SETUP_HINT}")
         addresses = [n.address for n in self.nodes()]
-        argv = [cli, "--cluster", "create", *addresses, "--cluster-replicas", "1"]
+        secured = self.tls.cli_arguments() if self.tls else []
+        argv = [cli, *secured, "--cluster", "create", *addresses, "--cluster-replicas", "1"]
         done = subprocess.run([*argv, "--cluster-yes"], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise LocalRedisError(f"redis-cli --cluster create failed:\n{done.stdout}{done.stderr}")
@@ -450,6 +475,8 @@ class LocalRedis:
     @contextlib.contextmanager
     def _client(self, port: int) -> Iterator[Any]:
         secured = self.tls.client_settings() if self.tls is not None else {}
+        if port in config.redis_sentinel_ports(self.topology, self.port):
+            secured.pop("password", None)  # the Sentinels ask none
         client = redis.Redis(
             host=HOST, port=port, socket_timeout=1.0, socket_connect_timeout=1.0, **secured
         )

@@ -5,7 +5,9 @@ with two replicas and three Sentinels, and a six-node Redis Cluster, beside the 
 single Redis and Kafka. First the state's scripts and the policies give the same answers on
 all three; then a producer writes through a real proxy while the Redis node serving its
 partition is SIGKILLed: the producer carries on, and Kafka holds every acknowledged record
-exactly once, in order.
+exactly once, in order. The failovers run again on both topologies secured: TLS only
+everywhere (clients, replication, the cluster bus, the Sentinels), client certificates and
+a password.
 """
 
 from __future__ import annotations
@@ -24,10 +26,17 @@ from dedup.redis_connect import AnyRedis, redis_from_url
 from dedup.state import DedupState, PartitionCheck
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from deploy.local_redis import LocalRedis
+from deploy.local_redis import LocalRedis, RedisTls
+from deploy.tls import LocalTls
 from tests.support.kafka_io import assert_exactly_once_in_order, values
 from tests.support.load import SequencedProducer
-from tests.support.ports import CLUSTER_REDIS, REDIS_TOPOLOGY_PROXY, SENTINEL_REDIS
+from tests.support.ports import (
+    CLUSTER_REDIS,
+    REDIS_TOPOLOGY_PROXY,
+    SENTINEL_REDIS,
+    TLS_CLUSTER_REDIS,
+    TLS_SENTINEL_REDIS,
+)
 from tests.support.topics import new_topic
 
 pytestmark = pytest.mark.integration
@@ -42,19 +51,47 @@ def topologies(
     """The sentinel and cluster topologies of this module, started together; the single
     Redis is the session's. Stopped (and their files left in tmp) at the end."""
     home = tmp_path_factory.mktemp("redis-topologies")
-    started = {
-        "sentinel": LocalRedis(home, SENTINEL_REDIS, "sentinel"),
-        "cluster": LocalRedis(home, CLUSTER_REDIS, "cluster"),
-    }
+    yield from running(
+        {
+            "sentinel": LocalRedis(home, SENTINEL_REDIS, "sentinel"),
+            "cluster": LocalRedis(home, CLUSTER_REDIS, "cluster"),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def tls_topologies(
+    tmp_path_factory: pytest.TempPathFactory, local_env: EnvInfo
+) -> Iterator[dict[str, LocalRedis]]:
+    """Both topologies again, on TLS only, with client certificates and a password."""
+    home = tmp_path_factory.mktemp("redis-tls-topologies")
+    certs = LocalTls(Path(local_env.tls_dir))
+    tls = RedisTls(
+        certs.ca_file,
+        certs.server_cert_file,
+        certs.server_key_file,
+        certs.client_cert_file,
+        certs.client_key_file,
+        "topologies-password-0123456789",
+    )
+    yield from running(
+        {
+            "sentinel": LocalRedis(home, TLS_SENTINEL_REDIS, "sentinel", tls),
+            "cluster": LocalRedis(home, TLS_CLUSTER_REDIS, "cluster", tls),
+        }
+    )
+
+
+def running(topologies: dict[str, LocalRedis]) -> Iterator[dict[str, LocalRedis]]:
     try:
-        for local in started.values():
+        for local in topologies.values():
             local.start()
         deadline = time.monotonic() + 90
-        for local in started.values():
+        for local in topologies.values():
             local.wait_ready(deadline)
-        yield started
+        yield topologies
     finally:
-        for local in started.values():
+        for local in topologies.values():
             local.stop()
 
 
@@ -168,13 +205,20 @@ async def test_state_and_policies_answer_the_same_on_every_topology(
 # --- failover under load, through the proxy -------------------------------------------------
 
 
-def topology_proxy(url: str, prefix: str, log: Path, local_env: EnvInfo) -> ProxyProcess:
+def topology_proxy(local: LocalRedis, prefix: str, log: Path, local_env: EnvInfo) -> ProxyProcess:
+    env = {"DEDUP_PROXY_REDIS": local.url, "DEDUP_PROXY_REDIS_KEY_PREFIX": prefix}
+    if local.tls is not None:
+        env |= {
+            "DEDUP_PROXY_REDIS_TLS_CA_FILE": str(local.tls.ca_file),
+            "DEDUP_PROXY_REDIS_TLS_CERT_FILE": str(local.tls.client_cert_file),
+            "DEDUP_PROXY_REDIS_TLS_KEY_FILE": str(local.tls.client_key_file),
+        }
     return ProxyProcess(
         upstream=local_env.bootstrap,
         listen_port=REDIS_TOPOLOGY_PROXY.listen,
         admin_port=REDIS_TOPOLOGY_PROXY.admin,
         extra_args=["--broker-port-base", str(REDIS_TOPOLOGY_PROXY.broker_base)],
-        env={"DEDUP_PROXY_REDIS": url, "DEDUP_PROXY_REDIS_KEY_PREFIX": prefix},
+        env=env,
         log_path=log,
     ).start()
 
@@ -187,7 +231,7 @@ def write_through_a_failover(
     acknowledged, and Kafka must hold each exactly once, in order."""
     prefix = f"fo-{uuid.uuid4().hex[:8]}"
     topic = new_topic(local_env.bootstrap)
-    proxy = topology_proxy(local.url, prefix, tmp_path / "proxy.log", local_env)
+    proxy = topology_proxy(local, prefix, tmp_path / "proxy.log", local_env)
     try:
         producer = SequencedProducer(
             proxy.bootstrap, topic, f"p-{local.topology}", total, per_second=2000
@@ -201,6 +245,9 @@ def write_through_a_failover(
         assert local.owner(f"{prefix}:{{{topic}/0}}:pushed") != victim
     finally:
         assert proxy.stop() == 0, f"proxy did not shut down cleanly; see {tmp_path}"
+        log = (tmp_path / "proxy.log").read_text()
+    if local.tls is not None:
+        assert local.tls.password not in log, "the Redis password reached the log"
     assert_exactly_once_in_order(values(local_env.bootstrap, topic), total)
     print(f"{local.topology}: node {victim} killed; the producer finished {took:.1f}s later")
 
@@ -215,3 +262,25 @@ def test_cluster_slot_owner_killed_under_load(
     topologies: dict[str, LocalRedis], local_env: EnvInfo, tmp_path: Path
 ) -> None:
     write_through_a_failover(topologies["cluster"], local_env, tmp_path)
+
+
+def test_the_tls_urls_name_the_topologies(tls_topologies: dict[str, LocalRedis]) -> None:
+    assert tls_topologies["sentinel"].url == (
+        "rediss+sentinel://:topologies-password-0123456789@"
+        "127.0.0.1:17189,127.0.0.1:17190,127.0.0.1:17191/dedup/0"
+    )
+    assert tls_topologies["cluster"].url.startswith(
+        "rediss+cluster://:topologies-password-0123456789@127.0.0.1:17479,"
+    )
+
+
+def test_tls_sentinel_primary_killed_under_load(
+    tls_topologies: dict[str, LocalRedis], local_env: EnvInfo, tmp_path: Path
+) -> None:
+    write_through_a_failover(tls_topologies["sentinel"], local_env, tmp_path)
+
+
+def test_tls_cluster_slot_owner_killed_under_load(
+    tls_topologies: dict[str, LocalRedis], local_env: EnvInfo, tmp_path: Path
+) -> None:
+    write_through_a_failover(tls_topologies["cluster"], local_env, tmp_path)

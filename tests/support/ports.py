@@ -102,6 +102,10 @@ REDIS_RELAY = 16699
 # a Redis Cluster (nodes 16979-16984, cluster bus 26979-26984), and the proxy using either.
 SENTINEL_REDIS = 16879
 CLUSTER_REDIS = 16979
+# ... and the same over TLS only: Sentinel data nodes 17179-17181, Sentinels 17189-17191; a
+# cluster on 17479-17484 (bus 27479-27484).
+TLS_SENTINEL_REDIS = 17179
+TLS_CLUSTER_REDIS = 17479
 REDIS_TOPOLOGY_PROXY = ProxyPorts(listen=29592, admin=29580, broker_base=29593)
 
 # test_toxiproxy: the broker listens on 24192 (replication 24242, controller 24292) and

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import redis.asyncio
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.asyncio.connection import SSLConnection
+from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedSSLConnection
 
 from dedup.redis_connect import redacted, redis_from_url
 
@@ -60,6 +61,25 @@ async def test_a_cluster_url_gives_a_cluster_client_with_every_startup_node() ->
         "other:6379",
     ]
     await client.aclose()
+
+
+async def test_tls_urls_give_tls_connections_to_the_sentinels_and_the_data_nodes() -> None:
+    tls = {"ssl_ca_certs": "/ca.pem", "ssl_certfile": "/c.pem", "ssl_keyfile": "/k.pem"}
+    client = redis_from_url("rediss+sentinel://:pw@h1:26380/primary", **tls)
+    pool = client.connection_pool
+    assert issubclass(pool.connection_class, SentinelManagedSSLConnection)
+    assert pool.connection_kwargs["ssl_ca_certs"] == "/ca.pem"
+    sentinel = pool.sentinel_manager.sentinels[0].connection_pool
+    assert issubclass(sentinel.connection_class, SSLConnection)
+    assert sentinel.connection_kwargs["ssl_certfile"] == "/c.pem"
+    assert sentinel.connection_kwargs.get("password") is None
+    await client.aclose()
+    cluster = redis_from_url("rediss+cluster://:pw@127.0.0.1:7000", **tls)
+    assert isinstance(cluster, RedisCluster)
+    kwargs = cluster.nodes_manager.connection_kwargs
+    assert issubclass(kwargs["connection_class"], SSLConnection)
+    assert (kwargs["ssl_keyfile"], kwargs["password"]) == ("/k.pem", "pw")
+    await cluster.aclose()
 
 
 @pytest.mark.parametrize(
