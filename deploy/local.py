@@ -283,14 +283,7 @@ class LocalEnvironment:
         tls = None
         if state.security == "sasl_ssl":
             certs = self.tls.ensure()
-            tls = RedisTls(
-                certs.ca_file,
-                certs.server_cert_file,
-                certs.server_key_file,
-                certs.client_cert_file,
-                certs.client_key_file,
-                certs.redis_password,
-            )
+            tls = RedisTls.of(certs, certs.redis_password)
         return LocalRedis(self.home, state.redis_port, state.redis_topology, tls)
 
     def _kafka_config(self, state: _State) -> dict[str, str]:

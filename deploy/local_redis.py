@@ -30,6 +30,7 @@ import redis
 from deploy import config, paths
 from deploy.config import HOST
 from deploy.processes import ManagedProcess, port_open, stop_all, tail, wait_port_closed
+from deploy.tls import LocalTls
 
 STOP_TIMEOUT = 30.0
 
@@ -72,6 +73,19 @@ class RedisTls:
     client_cert_file: Path  # what the environment's own checks present
     client_key_file: Path
     password: str = field(repr=False)
+
+    @classmethod
+    def of(cls, certs: LocalTls, password: str) -> RedisTls:
+        """With the local certificates: the server's for the servers, the client's for
+        every connection they and the environment make."""
+        return cls(
+            certs.ca_file,
+            certs.server_cert_file,
+            certs.server_key_file,
+            certs.client_cert_file,
+            certs.client_key_file,
+            password,
+        )
 
     def server_settings(self, port: int, sentinel: bool = False) -> tuple[tuple[str, str], ...]:
         """The settings after a node's own (the later setting wins)."""

@@ -229,7 +229,8 @@ class ProxyServer:
         assert sni is not None
 
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            name = self._server_names.pop(writer.get_extra_info("ssl_object"), None)
+            handshake = writer.get_extra_info("ssl_object")
+            name = self._server_names.pop(handshake, None) if handshake is not None else None
             node_id = None if name is None else sni.node_of(name)
             if name is not None and sni.is_bootstrap(name):
                 await self._serve(reader, writer, "bootstrap", self._bootstrap_candidates)

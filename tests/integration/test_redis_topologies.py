@@ -66,14 +66,7 @@ def tls_topologies(
     """Both topologies again, on TLS only, with client certificates and a password."""
     home = tmp_path_factory.mktemp("redis-tls-topologies")
     certs = LocalTls(Path(local_env.tls_dir))
-    tls = RedisTls(
-        certs.ca_file,
-        certs.server_cert_file,
-        certs.server_key_file,
-        certs.client_cert_file,
-        certs.client_key_file,
-        "topologies-password-0123456789",
-    )
+    tls = RedisTls.of(certs, "topologies-password-0123456789")
     yield from running(
         {
             "sentinel": LocalRedis(home, TLS_SENTINEL_REDIS, "sentinel", tls),

@@ -7,10 +7,8 @@ librdkafka and for Kafka's Java producer, both with SCRAM over TLS through the p
 
 from __future__ import annotations
 
-import json
 import socket
 import ssl
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +20,10 @@ import pytest
 import redis
 
 from dedup.client import DedupProducer
-from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
+from deploy.local import EnvInfo, LocalEnvironment
 from deploy.tls import LocalTls
 from proxy.kafka.upstream_client import encode_request
+from tests.support.java_clients import client_properties, sent, verifiable_producer
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
 from tests.support.ports import SECURED_ENV
 from tests.support.raw import correlation_id, read_response
@@ -155,32 +154,25 @@ def test_the_java_producer_with_scram_through_a_kill_of_the_environments_proxy(
     env, info = secured
     certs = LocalTls(Path(info.tls_dir))
     topic = new_topic(info.bootstrap, client_config=client_config(info))
-    config = tmp_path / "producer.properties"
-    config.write_text(
-        "security.protocol=SASL_SSL\n"
-        "sasl.mechanism=SCRAM-SHA-512\n"
-        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
-        f'username="client" password="{certs.sasl_users["client"]}";\n'
-        f"ssl.truststore.location={certs.truststore_file}\n"
-        "ssl.truststore.type=PKCS12\n"
-        f"ssl.truststore.password={certs.keystore_password}\n"
-        "enable.idempotence=true\nacks=all\nretries=2147483647\nlinger.ms=1\nbatch.size=4096\n"
+    config = client_properties(
+        tmp_path / "producer.properties",
+        certs,
+        "SCRAM-SHA-512",
+        "enable.idempotence=true\nacks=all\nretries=2147483647\nlinger.ms=1\nbatch.size=4096\n",
     )
     total = 3000
-    command = java_tool_command(
-        "org.apache.kafka.tools.VerifiableProducer",
-        *("--bootstrap-server", info.proxies[0].bootstrap, "--topic", topic),
-        *("--max-messages", str(total), "--throughput", "600"),
-        *("--producer.config", str(config)),
-    )
-    output: list[str] = []
+    events: list[dict[str, Any]] = []
     problems: list[str] = []
 
     def run() -> None:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=240)
-        output.extend(done.stdout.splitlines())
-        if done.returncode != 0:
-            problems.append(f"exit {done.returncode}: {done.stderr[-3000:]}")
+        try:
+            events.extend(
+                verifiable_producer(
+                    info.proxies[0].bootstrap, topic, total, config, "--throughput", "600"
+                )
+            )
+        except AssertionError as exc:
+            problems.append(str(exc))
 
     runner = threading.Thread(target=run)
     runner.start()
@@ -196,9 +188,6 @@ def test_the_java_producer_with_scram_through_a_kill_of_the_environments_proxy(
     env.start_proxy(1)
     runner.join(300)
     assert problems == []
-    events = [json.loads(line) for line in output if line.startswith("{")]
-    acked = [e for e in events if e.get("name") == "producer_send_success"]
-    failed = [e.get("exception", e) for e in events if e.get("name") == "producer_send_error"]
-    assert failed == [] and len(acked) == total, (len(failed), failed[:3])
+    assert sent(events) == (total, [])
     written = [value for value, _ in read_all(info.bootstrap, topic, **client_config(info))]
     assert_exactly_once_in_order(written, total)

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import ssl
-import subprocess
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -25,9 +23,10 @@ import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 
 from deploy.launcher import ProxyProcess
-from deploy.local import EnvInfo, java_tool_command
+from deploy.local import EnvInfo
 from deploy.tls import SNI_DOMAIN, LocalTls
 from proxy.kafka.upstream_client import encode_request
+from tests.support.java_clients import client_properties, sent, verifiable_producer
 from tests.support.kafka_io import assert_exactly_once_in_order, read_all
 from tests.support.ports import SNI, SNI_GROUP
 from tests.support.proxies import own_proxy
@@ -78,6 +77,15 @@ def names_resolve_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
 
 
+def kafka_python(bootstrap: str, certs: LocalTls) -> KafkaProducer:
+    return KafkaProducer(
+        bootstrap_servers=bootstrap,
+        security_protocol="SSL",
+        ssl_cafile=str(certs.ca_file),
+        acks="all",
+    )
+
+
 def test_kafka_python_through_one_port_routed_by_name(
     sni_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls, names_resolve_here: None
 ) -> None:
@@ -87,12 +95,7 @@ def test_kafka_python_through_one_port_routed_by_name(
     topic = new_topic(local_env.bootstrap)
     port = SNI.listen
     for start, end in ((0, 400), (0, 200)):
-        producer = KafkaProducer(
-            bootstrap_servers=f"{BOOTSTRAP}:{port}",
-            security_protocol="SSL",
-            ssl_cafile=str(certs.ca_file),
-            acks="all",
-        )
+        producer = kafka_python(f"{BOOTSTRAP}:{port}", certs)
         try:
             for n in range(start, end):
                 headers = [("dedup.producer", b"sni-loader"), ("dedup.sequence", str(n).encode())]
@@ -126,28 +129,9 @@ def test_the_java_producer_through_one_port_routed_by_name(
     hosts.write_text(
         f"127.0.0.1 {BOOTSTRAP} " + " ".join(BROKERS.format(node_id=n) for n in range(8)) + "\n"
     )
-    config = tmp_path / "producer.properties"
-    config.write_text(
-        "security.protocol=SSL\n"
-        f"ssl.truststore.location={certs.truststore_file}\n"
-        "ssl.truststore.type=PKCS12\n"
-        f"ssl.truststore.password={certs.keystore_password}\n"
-    )
-    produced = subprocess.run(
-        java_tool_command(
-            "org.apache.kafka.tools.VerifiableProducer",
-            *("--bootstrap-server", f"{BOOTSTRAP}:{SNI.listen}", "--topic", topic),
-            *("--max-messages", "500", "--acks", "-1", "--producer.config", str(config)),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=True,
-        env={**os.environ, "JAVA_TOOL_OPTIONS": f"-Djdk.net.hosts.file={hosts}"},
-    )
-    events = [json.loads(line) for line in produced.stdout.splitlines() if line.startswith("{")]
-    assert len([e for e in events if e.get("name") == "producer_send_success"]) == 500
-    assert not [e for e in events if e.get("name") == "producer_send_error"]
+    config = client_properties(tmp_path / "producer.properties", certs)
+    events = verifiable_producer(f"{BOOTSTRAP}:{SNI.listen}", topic, 500, config, hosts_file=hosts)
+    assert sent(events) == (500, [])
     written = [value for value, _ in read_all(local_env.bootstrap, topic)]
     assert written == [str(i).encode() for i in range(500)]
 
@@ -181,12 +165,7 @@ def test_two_instances_each_behind_names_of_its_own(
     topic = new_topic(local_env.bootstrap, partitions=partitions)
     try:
         for start, end in ((0, 60), (0, 30)):
-            producer = KafkaProducer(
-                bootstrap_servers=f"a-bootstrap.{SNI_DOMAIN}:{SNI_GROUP[0].listen}",
-                security_protocol="SSL",
-                ssl_cafile=str(certs.ca_file),
-                acks="all",
-            )
+            producer = kafka_python(f"a-bootstrap.{SNI_DOMAIN}:{SNI_GROUP[0].listen}", certs)
             try:
                 for n in range(start, end):
                     for partition in range(partitions):

@@ -34,13 +34,14 @@ from confluent_kafka import Producer
 
 from dedup.client import DedupProducer
 from deploy.launcher import ProxyProcess
-from deploy.local import EnvInfo, java_tool_command
+from deploy.local import EnvInfo
 from deploy.processes import port_open
 from deploy.tls import LocalTls, unsigned_token
 from proxy.kafka.upstream_client import encode_request
+from tests.support.java_clients import client_properties, sent, verifiable_producer
 from tests.support.kafka_io import assert_exactly_once_in_order, read_all
 from tests.support.oauth import Issuer, token_endpoint
-from tests.support.ports import OAUTH, OAUTH_FILE, SASL, TLS, TLS_REDIS
+from tests.support.ports import OAUTH, OAUTH_FILE, SASL, TLS, TLS_REDIS, ProxyPorts
 from tests.support.proxies import own_proxy
 from tests.support.raw import correlation_id, read_response
 from tests.support.topics import new_topic
@@ -129,28 +130,20 @@ def sasl_proxy(
     tmp_path_factory: pytest.TempPathFactory,
     redis_key_prefix: str,
 ) -> Iterator[ProxyProcess]:
-    """In front of Kafka's SASL_SSL listeners only, with credentials of its own."""
-    home = tmp_path_factory.mktemp("sasl")
+    """In front of Kafka's SASL_SSL listeners only, with SCRAM credentials of its own."""
     password = certs.sasl_users["proxy"]
-    process = own_proxy(
-        local_env,
+    yield from sasl_ssl_proxy(
+        "sasl",
         SASL,
-        f"{redis_key_prefix}-sasl",
-        home / "proxy.log",
-        upstream=local_env.sasl_ssl_bootstrap,
-        DEDUP_PROXY_INSTANCE_ID=f"sasl-{uuid.uuid4().hex[:8]}",
-        DEDUP_PROXY_SNAPSHOT_TOPIC=f"__dedup_snapshots_sasl_{uuid.uuid4().hex[:8]}",
-        DEDUP_PROXY_LISTENER_TLS_CERT_FILE=str(certs.server_cert_file),
-        DEDUP_PROXY_LISTENER_TLS_KEY_FILE=str(certs.server_key_file),
-        DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL="SASL_SSL",
-        DEDUP_PROXY_UPSTREAM_TLS_CA_FILE=str(certs.ca_file),
+        local_env,
+        certs,
+        tmp_path_factory,
+        redis_key_prefix,
+        secret=password,
         DEDUP_PROXY_UPSTREAM_SASL_MECHANISM="SCRAM-SHA-512",
         DEDUP_PROXY_UPSTREAM_SASL_USERNAME="proxy",
         DEDUP_PROXY_UPSTREAM_SASL_PASSWORD=password,
-    ).start()
-    yield process
-    assert process.stop() == 0, f"proxy did not shut down cleanly; see {home / 'proxy.log'}"
-    assert password not in (home / "proxy.log").read_text(), "a password reached the log"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -170,27 +163,51 @@ def oauth_proxy(
 ) -> Iterator[ProxyProcess]:
     """In front of Kafka's SASL_SSL listeners, with OAUTHBEARER tokens of its own for every
     connection it opens (its asyncio ones and its librdkafka clients alike)."""
-    home = tmp_path_factory.mktemp("oauth")
-    process = own_proxy(
-        local_env,
+    yield from sasl_ssl_proxy(
+        "oauth",
         OAUTH,
-        f"{redis_key_prefix}-oauth",
-        home / "proxy.log",
-        upstream=local_env.sasl_ssl_bootstrap,
-        DEDUP_PROXY_INSTANCE_ID=f"oauth-{uuid.uuid4().hex[:8]}",
-        DEDUP_PROXY_SNAPSHOT_TOPIC=f"__dedup_snapshots_oauth_{uuid.uuid4().hex[:8]}",
-        DEDUP_PROXY_LISTENER_TLS_CERT_FILE=str(certs.server_cert_file),
-        DEDUP_PROXY_LISTENER_TLS_KEY_FILE=str(certs.server_key_file),
-        DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL="SASL_SSL",
-        DEDUP_PROXY_UPSTREAM_TLS_CA_FILE=str(certs.ca_file),
+        local_env,
+        certs,
+        tmp_path_factory,
+        redis_key_prefix,
+        secret=issuer.client_secret,
         DEDUP_PROXY_UPSTREAM_SASL_MECHANISM="OAUTHBEARER",
         DEDUP_PROXY_UPSTREAM_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL=issuer.url,
         DEDUP_PROXY_UPSTREAM_SASL_OAUTHBEARER_CLIENT_ID=issuer.client_id,
         DEDUP_PROXY_UPSTREAM_SASL_OAUTHBEARER_CLIENT_SECRET=issuer.client_secret,
+    )
+
+
+def sasl_ssl_proxy(
+    name: str,
+    ports: ProxyPorts,
+    local_env: EnvInfo,
+    certs: LocalTls,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_key_prefix: str,
+    secret: str,
+    **credentials: str,
+) -> Iterator[ProxyProcess]:
+    """A proxy with a TLS listener in front of Kafka's SASL_SSL listeners, authenticating
+    with ``credentials``; ``secret`` must never reach its log."""
+    home = tmp_path_factory.mktemp(name)
+    process = own_proxy(
+        local_env,
+        ports,
+        f"{redis_key_prefix}-{name}",
+        home / "proxy.log",
+        upstream=local_env.sasl_ssl_bootstrap,
+        DEDUP_PROXY_INSTANCE_ID=f"{name}-{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_SNAPSHOT_TOPIC=f"__dedup_snapshots_{name}_{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_LISTENER_TLS_CERT_FILE=str(certs.server_cert_file),
+        DEDUP_PROXY_LISTENER_TLS_KEY_FILE=str(certs.server_key_file),
+        DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL="SASL_SSL",
+        DEDUP_PROXY_UPSTREAM_TLS_CA_FILE=str(certs.ca_file),
+        **credentials,
     ).start()
     yield process
     assert process.stop() == 0, f"proxy did not shut down cleanly; see {home / 'proxy.log'}"
-    assert issuer.client_secret not in (home / "proxy.log").read_text(), "a secret was logged"
+    assert secret not in (home / "proxy.log").read_text(), "a secret reached the log"
 
 
 def client_oauthbearer(certs: LocalTls, subject: str) -> dict[str, str]:
@@ -405,15 +422,6 @@ def test_a_client_with_a_wrong_password_is_refused_by_kafka_through_the_proxy(
     assert any("Authentication failed" in failure for failure in failures), failures
 
 
-JAVA_SASL = {
-    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule required "
-    'username="client" password="{password}";',
-    # Kafka's own client makes an unsigned token naming the subject (its default handler).
-    "OAUTHBEARER": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule "
-    'required unsecuredLoginStringClaim_sub="java-client";',
-}
-
-
 @pytest.mark.parametrize(
     ("mechanism", "proxy_fixture"),
     [("SCRAM-SHA-512", "sasl_proxy"), ("OAUTHBEARER", "oauth_proxy")],
@@ -431,30 +439,8 @@ def test_the_java_producer_with_sasl_over_tls_through_the_proxy(
     on OAUTHBEARER); every record once, in order."""
     proxy: ProxyProcess = request.getfixturevalue(proxy_fixture)
     topic = new_topic(local_env.bootstrap)
-    config = tmp_path / "producer.properties"
-    jaas = JAVA_SASL[mechanism].replace("{password}", certs.sasl_users["client"])
-    config.write_text(
-        "security.protocol=SASL_SSL\n"
-        f"sasl.mechanism={mechanism}\n"
-        f"sasl.jaas.config={jaas}\n"
-        f"ssl.truststore.location={certs.truststore_file}\n"
-        "ssl.truststore.type=PKCS12\n"
-        f"ssl.truststore.password={certs.keystore_password}\n"
-    )
-    produced = subprocess.run(
-        java_tool_command(
-            "org.apache.kafka.tools.VerifiableProducer",
-            *("--bootstrap-server", proxy.bootstrap, "--topic", topic),
-            *("--max-messages", "500", "--acks", "-1", "--producer.config", str(config)),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=True,
-    )
-    events = [json.loads(line) for line in produced.stdout.splitlines() if line.startswith("{")]
-    assert len([e for e in events if e.get("name") == "producer_send_success"]) == 500
-    assert not [e for e in events if e.get("name") == "producer_send_error"]
+    config = client_properties(tmp_path / "producer.properties", certs, mechanism)
+    assert sent(verifiable_producer(proxy.bootstrap, topic, 500, config)) == (500, [])
     written = [value for value, _ in read_all(local_env.tls_bootstrap, topic, **kafka_tls(certs))]
     assert written == [str(i).encode() for i in range(500)]
 

@@ -1,0 +1,83 @@
+"""Kafka's own Java clients in tests: the settings file of a client that reaches a TLS or
+SASL_SSL listener trusting the local CA, and a VerifiableProducer run read back as events."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from deploy.local import java_tool_command
+from deploy.tls import LocalTls
+
+# JAAS lines for user `client` ({password}: its password) per mechanism; OAUTHBEARER's is
+# Kafka's default login handler, which makes an unsigned token naming the subject.
+JAAS = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule required "
+    'username="client" password="{password}";',
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+    'username="client" password="{password}";',
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+    'username="client" password="{password}";',
+    "OAUTHBEARER": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule "
+    'required unsecuredLoginStringClaim_sub="java-client";',
+}
+
+
+def client_properties(
+    path: Path, certs: LocalTls, mechanism: str | None = None, extra: str = ""
+) -> Path:
+    """Write a Java client's settings: TLS trusting the local CA, and with ``mechanism``,
+    SASL as user `client`; ``extra``: more lines."""
+    lines = [
+        f"security.protocol={'SSL' if mechanism is None else 'SASL_SSL'}",
+        f"ssl.truststore.location={certs.truststore_file}",
+        "ssl.truststore.type=PKCS12",
+        f"ssl.truststore.password={certs.keystore_password}",
+    ]
+    if mechanism is not None:
+        jaas = JAAS[mechanism].replace("{password}", certs.sasl_users["client"])
+        lines += [f"sasl.mechanism={mechanism}", f"sasl.jaas.config={jaas}"]
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def verifiable_producer(
+    bootstrap: str,
+    topic: str,
+    messages: int,
+    config: Path,
+    *args: str,
+    hosts_file: Path | None = None,
+    timeout_s: float = 240,
+) -> list[dict[str, Any]]:
+    """Run Kafka's VerifiableProducer (acks=all) to the end; its JSON events. ``args``: more
+    of its options (``--throughput``); ``hosts_file``: names resolved from it
+    (``-Djdk.net.hosts.file``). A non-zero exit raises, with the tool's stderr."""
+    env = dict(os.environ)
+    if hosts_file is not None:
+        env["JAVA_TOOL_OPTIONS"] = f"-Djdk.net.hosts.file={hosts_file}"
+    done = subprocess.run(
+        java_tool_command(
+            "org.apache.kafka.tools.VerifiableProducer",
+            *("--bootstrap-server", bootstrap, "--topic", topic),
+            *("--max-messages", str(messages), "--acks", "-1", "--producer.config", str(config)),
+            *args,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"VerifiableProducer exited {done.returncode}: {done.stderr[-3000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def sent(events: list[dict[str, Any]]) -> tuple[int, list[Any]]:
+    """How many sends succeeded, and the failures' exceptions."""
+    ok = sum(1 for e in events if e.get("name") == "producer_send_success")
+    failed = [e.get("exception", e) for e in events if e.get("name") == "producer_send_error"]
+    return ok, failed
