@@ -237,6 +237,7 @@ class Supervisor:
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
         }
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._forward)
         try:
             for worker in self.workers:
                 self._start(worker)
@@ -269,6 +270,12 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self._stop_signal is None:
             self._stop_signal = signum
+
+    def _forward(self, signum: int, _frame: FrameType | None) -> None:
+        """SIGHUP (read renewed certificates) is for the workers."""
+        for worker in self.workers:
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.send_signal(signum)
 
     # ------------------------------------------------------------------ the loop
 

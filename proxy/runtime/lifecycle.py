@@ -1,4 +1,5 @@
-"""Run the proxy until SIGINT/SIGTERM, then shut down gracefully."""
+"""Run the proxy until SIGINT/SIGTERM, then shut down gracefully; SIGHUP reads renewed
+certificates (`proxy.runtime.security.reload_certificates`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 import structlog
 
 from proxy.runtime.admin import AdminRoutes, start_admin
+from proxy.runtime.security import reload_certificates
 from proxy.runtime.server import ProxyServer
 
 log = structlog.get_logger(__name__)
@@ -26,6 +28,7 @@ async def run_proxy(server: ProxyServer, admin_routes: Sequence[AdminRoutes] = (
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR2, log_tasks)
+    loop.add_signal_handler(signal.SIGHUP, reload_certificates)
     await stop.wait()
     await server.shutdown()
     await admin.cleanup()

@@ -4,14 +4,23 @@ One place builds every SSL context the proxy uses, from file paths in its settin
 the same settings in librdkafka's names for the clients the dedup layer runs (replay,
 snapshots, admin). A context is built once at start, so a bad certificate or key is a
 configuration error then, not a failed connection later.
+
+Renewed certificates are taken without a restart: `reload_certificates` (on SIGHUP) reads
+every context's files again, and new connections get them (open ones keep theirs). A file
+that cannot be read then leaves its context as it was, and says so. librdkafka's clients
+and Redis's connections read their files whenever they connect, so they need nothing.
 """
 
 from __future__ import annotations
 
 import ssl
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+import structlog
 
 from proxy.kafka.sasl import Credentials
 from proxy.kafka.upstream_client import LinkSecurity
@@ -19,8 +28,32 @@ from proxy.kafka.upstream_client import LinkSecurity
 UpstreamProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 
 
+log = structlog.get_logger(__name__)
+
+
 class SecurityConfigError(ValueError):
     """Certificate settings that cannot be used; the message names the setting."""
+
+
+# Every context built here, with how to read its files again (weak: a context no longer
+# used by anything drops out).
+_RELOADERS: weakref.WeakKeyDictionary[ssl.SSLContext, tuple[str, Callable[[ssl.SSLContext], None]]]
+_RELOADERS = weakref.WeakKeyDictionary()
+
+
+def reload_certificates() -> int:
+    """Read every live context's certificate, key and CA files again; how many were
+    reloaded (a failed one keeps what it had, logged)."""
+    reloaded = 0
+    for context, (what, load) in list(_RELOADERS.items()):
+        try:
+            load(context)
+        except SecurityConfigError as exc:
+            log.error("certificates not reloaded; the old ones stay", context=what, error=str(exc))
+            continue
+        reloaded += 1
+    log.info("certificates reloaded", contexts=reloaded, of=len(_RELOADERS))
+    return reloaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +70,18 @@ class ServerTls:
     def context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        _load_chain(context, self.cert_file, self.key_file, "listener")
+        self._load(context)
         if self.client_ca_file is not None:
-            _load_ca(context, self.client_ca_file, "client CA")
             context.verify_mode = (
                 ssl.CERT_REQUIRED if self.require_client_certificate else ssl.CERT_OPTIONAL
             )
+        _RELOADERS[context] = (f"server {self.cert_file}", self._load)
         return context
+
+    def _load(self, context: ssl.SSLContext) -> None:
+        _load_chain(context, self.cert_file, self.key_file, "listener")
+        if self.client_ca_file is not None:  # a renewed CA is added; the old one stays
+            _load_ca(context, self.client_ca_file, "client CA")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,16 +123,18 @@ class UpstreamSecurity:
             return None
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        if self.ca_file is not None:
-            _load_ca(context, self.ca_file, "upstream CA")
-        if self.cert_file is not None:
-            if self.key_file is None:
-                raise SecurityConfigError(
-                    "upstream_tls_cert_file is set without upstream_tls_key_file"
-                )
-            _load_chain(context, self.cert_file, self.key_file, "upstream client")
+        if self.cert_file is not None and self.key_file is None:
+            raise SecurityConfigError("upstream_tls_cert_file is set without upstream_tls_key_file")
+        self._load(context)
         context.check_hostname = self.check_hostname
+        _RELOADERS[context] = ("upstream", self._load)
         return context
+
+    def _load(self, context: ssl.SSLContext) -> None:
+        if self.ca_file is not None:  # a renewed CA is added; the old one stays
+            _load_ca(context, self.ca_file, "upstream CA")
+        if self.cert_file is not None and self.key_file is not None:
+            _load_chain(context, self.cert_file, self.key_file, "upstream client")
 
     def librdkafka(self) -> dict[str, Any]:
         """The same, as librdkafka client settings (with OAUTHBEARER, an ``oauth_cb``)."""

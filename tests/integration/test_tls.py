@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -39,12 +40,21 @@ from deploy.processes import port_open
 from deploy.tls import LocalTls, unsigned_token
 from proxy.kafka.upstream_client import encode_request
 from tests.support.java_clients import client_properties, sent, verifiable_producer
-from tests.support.kafka_io import assert_exactly_once_in_order, read_all
+from tests.support.kafka_io import assert_exactly_once_in_order, read_all, values
 from tests.support.oauth import Issuer, token_endpoint
-from tests.support.ports import OAUTH, OAUTH_FILE, SASL, TLS, TLS_REDIS, ProxyPorts
+from tests.support.ports import (
+    CERT_RELOAD,
+    OAUTH,
+    OAUTH_FILE,
+    SASL,
+    TLS,
+    TLS_REDIS,
+    ProxyPorts,
+)
 from tests.support.proxies import own_proxy
 from tests.support.raw import correlation_id, read_response
 from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -511,6 +521,73 @@ def test_a_plaintext_client_gets_nothing_from_a_tls_listener(
         assert metadata is None
     finally:
         producer.flush(1)
+
+
+def test_renewed_certificates_are_taken_on_sighup(
+    local_env: EnvInfo, certs: LocalTls, tmp_path: Path
+) -> None:
+    """The listener's and the admin API's certificate files are replaced by ones of another
+    CA; after SIGHUP new connections get the new certificate, and a client sends records
+    over them as before."""
+    live = tmp_path / "live"
+    live.mkdir()
+    for name in ("cert.pem", "key.pem"):
+        (live / name).write_bytes(
+            (certs.server_cert_file if name == "cert.pem" else certs.server_key_file).read_bytes()
+        )
+    renewed = LocalTls(tmp_path / "renewed").ensure()  # a CA of its own
+    process = own_proxy(
+        local_env,
+        CERT_RELOAD,
+        f"reload-{uuid.uuid4().hex[:8]}",
+        tmp_path / "proxy.log",
+        admin_ca_file=certs.ca_file,
+        DEDUP_PROXY_LISTENER_TLS_CERT_FILE=str(live / "cert.pem"),
+        DEDUP_PROXY_LISTENER_TLS_KEY_FILE=str(live / "key.pem"),
+        DEDUP_PROXY_ADMIN_TLS_CERT_FILE=str(live / "cert.pem"),
+        DEDUP_PROXY_ADMIN_TLS_KEY_FILE=str(live / "key.pem"),
+    ).start()
+    try:
+        assert served_certificate(CERT_RELOAD.listen) == certificate_der(certs.server_cert_file)
+        (live / "cert.pem").write_bytes(renewed.server_cert_file.read_bytes())
+        (live / "key.pem").write_bytes(renewed.server_key_file.read_bytes())
+        os.kill(process.pid, signal.SIGHUP)
+        wait_until(
+            lambda: (
+                served_certificate(CERT_RELOAD.listen) == certificate_der(renewed.server_cert_file)
+            ),
+            10,
+            "the listener serves the renewed certificate",
+        )
+        assert served_certificate(CERT_RELOAD.admin) == certificate_der(renewed.server_cert_file)
+        topic = new_topic(local_env.bootstrap)
+        trusting = {"security.protocol": "ssl", "ssl.ca.location": str(renewed.ca_file)}
+        producer = DedupProducer(process.bootstrap, "renewed", **trusting)
+        for n in range(50):
+            producer.send(topic, str(n).encode(), sequence_id=n)
+        assert producer.flush(60) == 0
+        assert_exactly_once_in_order(values(local_env.bootstrap, topic), 50)
+    finally:
+        process.admin_ca_file = renewed.ca_file  # for its health checks while stopping
+        assert process.stop() == 0, f"proxy did not stop cleanly; see {tmp_path / 'proxy.log'}"
+
+
+def served_certificate(port: int) -> bytes:
+    """The certificate a TLS listener presents (DER), whoever signed it."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        presented = tls.getpeercert(binary_form=True)
+    assert presented is not None
+    return presented
+
+
+def certificate_der(path: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(path.read_text())
 
 
 def test_the_admin_api_speaks_https_only(tls_proxy: ProxyProcess, certs: LocalTls) -> None:

@@ -45,6 +45,7 @@ TLS = ProxyPorts(listen=29992, admin=29980, broker_base=29993)
 SASL = ProxyPorts(listen=26892, admin=26880, broker_base=26893)  # test_tls, SASL_SSL upstream
 OAUTH = ProxyPorts(listen=26992, admin=26980, broker_base=26993)  # test_tls, OAUTHBEARER
 OAUTH_FILE = ProxyPorts(listen=27992, admin=27980, broker_base=27993)  # test_tls, token file
+CERT_RELOAD = ProxyPorts(listen=26792, admin=26780, broker_base=26793)  # test_tls, SIGHUP
 # test_sni: one TLS port for the bootstrap and every broker (broker_base is not listened on).
 SNI = ProxyPorts(listen=27892, admin=27880, broker_base=27893)
 # test_sni: two instances, each routing names of its own.
