@@ -124,13 +124,13 @@ def up(
         typer.Option(help="Worker processes per proxy (serve --workers).", min=1),
     ] = None,
     security: Annotated[
-        Security | None,
+        Security,
         typer.Option(
             help="mixed: plaintext, TLS and SASL_SSL listeners side by side; sasl_ssl: "
             "SASL_SSL only (replication too), Redis over TLS with a password, the proxies "
-            "on TLS with SCRAM credentials (default: as recorded, mixed at first).",
+            "on TLS with SCRAM credentials (another one than the running one restarts them).",
         ),
-    ] = None,
+    ] = Security.mixed,
     json_output: JsonFlag = False,
 ) -> None:
     """Start Kafka and Redis (only what is not running) and wait until they answer; with
@@ -146,7 +146,7 @@ def up(
             proxies=proxies,
             placement=None if placement is None else placement.value,
             workers=workers,
-            security=None if security is None else security.value,
+            security=security.value,
         )
     except (LocalEnvError, MissingRuntimeError) as exc:
         raise _fail(exc) from exc

@@ -436,7 +436,7 @@ class LocalEnvironment:
         proxies: int | None = None,
         placement: str | None = None,
         workers: int | None = None,
-        security: str | None = None,
+        security: str = "mixed",
     ) -> EnvInfo:
         """Start whatever is not running and wait until Kafka reports all brokers in its
         metadata and Redis is ready (`LocalRedis.wait_ready`). A different broker count (or
@@ -453,13 +453,13 @@ class LocalEnvironment:
         ``security``: "mixed" (plaintext, TLS and SASL_SSL listeners side by side) or
         "sasl_ssl" (SASL_SSL listeners only, replication included; Redis over TLS with
         client certificates and a password; the proxies with TLS listeners and SCRAM
-        credentials of their own); None keeps what was recorded, "mixed" at first."""
+        credentials of their own). Like ``redis``, another one than the recorded one
+        restarts what it changes."""
         config.check_broker_count(brokers)
         config.check_redis_topology(redis)
         with self._locked():
             state = self._load_state()
             recorded = state if state is not None else _State(brokers, "", 0, 0)
-            security = security or recorded.security
             if security not in config.SECURITY_MODES:
                 raise LocalEnvError(
                     f"security must be one of {config.SECURITY_MODES}, not {security!r}"
