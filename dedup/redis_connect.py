@@ -45,7 +45,9 @@ AnyRedis = redis.asyncio.Redis | RedisCluster
 
 SENTINEL_SCHEME = "redis+sentinel"
 CLUSTER_SCHEME = "redis+cluster"
-TLS_SCHEMES = ("rediss", "rediss+sentinel", "rediss+cluster")
+SENTINEL_TLS_SCHEME = "rediss+sentinel"
+CLUSTER_TLS_SCHEME = "rediss+cluster"
+TLS_SCHEMES = ("rediss", SENTINEL_TLS_SCHEME, CLUSTER_TLS_SCHEME)
 _SINGLE_SCHEMES = ("redis", "rediss", "unix")
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
@@ -64,12 +66,12 @@ def redis_from_url(url: str, **kwargs: Any) -> AnyRedis:
         return _cancel_safe(redis.asyncio.from_url(url, **kwargs))
     if scheme in TLS_SCHEMES:
         kwargs["ssl"] = True
-    if scheme in (SENTINEL_SCHEME, "rediss+sentinel"):
+    if scheme in (SENTINEL_SCHEME, SENTINEL_TLS_SCHEME):
         return _cancel_safe(_sentinel(url, **kwargs))
-    if scheme in (CLUSTER_SCHEME, "rediss+cluster"):
+    if scheme in (CLUSTER_SCHEME, CLUSTER_TLS_SCHEME):
         return _cancel_safe(_cluster(url, **kwargs))
-    known = ", ".join(f"{s}://" for s in (*_SINGLE_SCHEMES, SENTINEL_SCHEME, CLUSTER_SCHEME))
-    known += ", and rediss+sentinel://, rediss+cluster:// (TLS)"
+    schemes = (*_SINGLE_SCHEMES, SENTINEL_SCHEME, CLUSTER_SCHEME, *TLS_SCHEMES[1:])
+    known = ", ".join(f"{s}://" for s in schemes)
     raise ValueError(
         f"unknown Redis URL scheme {scheme!r} in {redacted(url)!r}: use one of {known}"
     )

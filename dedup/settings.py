@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dedup.identity import DEFAULT_PRODUCER_HEADER, DEFAULT_SEQUENCE_HEADER
+from dedup.redis_connect import TLS_SCHEMES
 
 
 class DedupSettings(BaseSettings):
@@ -160,7 +161,7 @@ class DedupSettings(BaseSettings):
         if self.heartbeat_s * 3 > self.lease_ttl_s:
             raise ValueError("lease_ttl_s must be at least three heartbeats (heartbeat_s)")
         files = (self.redis_tls_ca_file, self.redis_tls_cert_file, self.redis_tls_key_file)
-        if any(files) and not self.redis.lower().startswith(("rediss://", "rediss+")):
+        if any(files) and self.redis.partition("://")[0].lower() not in TLS_SCHEMES:
             raise ValueError(
                 "redis_tls_* settings need a TLS Redis URL (rediss://, rediss+sentinel://, "
                 "rediss+cluster://)"

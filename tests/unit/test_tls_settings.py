@@ -7,6 +7,7 @@ import ssl
 
 import pytest
 
+from dedup.app.settings import load_settings as load_app_settings
 from deploy.tls import LocalTls
 from proxy.runtime.security import UpstreamSecurity
 from proxy.runtime.settings import ConfigError, ProxySettings, load_settings
@@ -181,3 +182,14 @@ def test_sasl_settings_reach_librdkafka_and_hide_the_password() -> None:
     }
     assert settings.upstream_security.link().tls is None
     assert "pw-123" not in repr(settings) and "pw-123" not in str(settings.model_dump())
+
+
+def test_redis_tls_files_need_a_tls_url(certs: LocalTls) -> None:
+    files = {"redis_tls_ca_file": certs.ca_file}
+    for url in ("rediss://h:6379/0", "rediss+sentinel://h:26379/m", "rediss+cluster://h:7000"):
+        assert load_app_settings(None, redis=url, **files).redis_tls == {
+            "ssl_ca_certs": str(certs.ca_file)
+        }
+    for url in ("redis://h:6379/0", "redis+sentinel://h:26379/m", "rediss+other://h"):
+        with pytest.raises(ConfigError, match="need a TLS Redis URL"):
+            load_app_settings(None, redis=url, **files)
