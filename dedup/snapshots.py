@@ -329,12 +329,13 @@ class Snapshot:
             chunks={n: c for n, c in self.chunks.items() if n in kept},
         )
 
-    def within_bytes(self, max_bytes: int = MAX_SNAPSHOT_BYTES) -> Snapshot:
+    def within_bytes(self, max_bytes: int = MAX_SNAPSHOT_BYTES) -> tuple[Snapshot, bytes]:
         """At most ``max_bytes`` encoded: the most recently seen producers that fit (long
         names can make even `capped` too big for the topic, and a snapshot that never fits
-        would fail for ever)."""
-        if len(self.encode()) <= max_bytes:
-            return self
+        would fail for ever); with its encoding, made once when it fits as it is."""
+        encoded = self.encode()
+        if len(encoded) <= max_bytes:
+            return self, encoded
         count = len(self.producers.keys() | self.chunks.keys())
         low, high = 0, count  # `low` producers fit; `high` do not
         while high - low > 1:
@@ -343,7 +344,8 @@ class Snapshot:
                 low = middle
             else:
                 high = middle
-        return self.capped(low)
+        fitted = self.capped(low)
+        return fitted, fitted.encode()
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -658,10 +660,11 @@ class SnapshotStore:
             self._learn_partitions(info.partitions)
         return info.partitions
 
-    async def write(self, snapshot: Snapshot) -> None:
-        """Write a snapshot into its slot; returns once Kafka acknowledged it (acks=all)."""
+    async def write(self, snapshot: Snapshot, encoded: bytes | None = None) -> None:
+        """Write a snapshot into its slot; returns once Kafka acknowledged it (acks=all).
+        ``encoded``: its encoding, when the caller has it already."""
         self._check_open()
-        value = snapshot.encode()
+        value = snapshot.encode() if encoded is None else encoded
         if len(value) > MAX_SNAPSHOT_BYTES:
             raise SnapshotError(
                 f"snapshot of {snapshot.topic}/{snapshot.partition} is {len(value)} bytes, "

@@ -168,7 +168,7 @@ class Snapshotter:
                 # Chunked messages in progress: a recovery continues them exactly.
                 chunks={p: ChunkEntry(c, seen) for p, (c, seen) in view.chunks.items()},
             ).capped(self._policy.max_producers)
-            fitted = snapshot.within_bytes()
+            fitted, encoded = snapshot.within_bytes()
             if fitted is not snapshot:
                 metrics.SNAPSHOT_PRODUCERS_DROPPED.inc(
                     len(snapshot.producers)
@@ -184,7 +184,7 @@ class Snapshotter:
                     of=len(snapshot.producers),
                 )
                 snapshot = fitted
-            await self._store.write(snapshot)
+            await self._store.write(snapshot, encoded)
             state.snapshot_generation += 1
             state.snapshot_offset = offset
             state.snapshot_ms = snapshot.created_ms

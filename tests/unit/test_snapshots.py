@@ -384,12 +384,14 @@ def test_a_resets_key_names_its_partition() -> None:
 def test_a_snapshot_over_its_byte_bound_keeps_the_most_recently_seen_that_fit() -> None:
     long_names = {("p" * 4000) + str(n): ProducerEntry(n, last_seen_ms=1000 + n) for n in range(50)}
     taken = snapshot(producers=long_names)
-    assert taken.within_bytes(len(taken.encode())) is taken
+    assert taken.within_bytes(len(taken.encode())) == (taken, taken.encode())
+    assert taken.within_bytes(len(taken.encode()))[0] is taken
     bound = len(taken.encode()) // 3
-    fitted = taken.within_bytes(bound)
+    fitted, encoded = taken.within_bytes(bound)
+    assert encoded == fitted.encode()
     assert len(fitted.encode()) <= bound
     kept = sorted(entry.sequence for entry in fitted.producers.values())
     assert kept == list(range(50 - len(kept), 50)), "the most recently seen are kept"
     one_more = taken.capped(len(kept) + 1)
     assert len(one_more.encode()) > bound, "as many as fit"
-    assert taken.within_bytes(10).producers == {}
+    assert taken.within_bytes(10)[0].producers == {}
