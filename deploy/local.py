@@ -870,13 +870,14 @@ class LocalEnvironment:
         listen ports, not the advertised ones, which may be served by a proxy that is
         not there yet (or is cutting connections on purpose)."""
         ready: set[int] = set()
+        secured = self._kafka_config(state)  # read once, not at every poll
         while True:
             for node in sorted(ask - ready):
                 proc = self._node_process(node)
                 if not proc.is_running():
                     raise self._failure(proc, f"kafka node {node} exited during start")
                 address = f"{HOST}:{_ports(state).client(node)}"
-                if must_list <= _metadata_brokers(address, self._kafka_config(state)):
+                if must_list <= _metadata_brokers(address, secured):
                     ready.add(node)
             if ready == ask:
                 return
