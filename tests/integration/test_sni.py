@@ -31,6 +31,7 @@ from tests.support.kafka_io import assert_exactly_once_in_order, read_all
 from tests.support.ports import SNI, SNI_GROUP
 from tests.support.proxies import own_proxy
 from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -161,7 +162,14 @@ def test_two_instances_each_behind_names_of_its_own(
         ).start()
         for name, ports in zip("ab", SNI_GROUP, strict=True)
     ]
-    partitions = 6
+    # Both members joined before the first write, and enough partitions that the placement
+    # gives each some (all 12 to one of two: 1 in 2,048).
+    wait_until(
+        lambda: all(len(ownership(process)["members"]) == 2 for process in instances),
+        30,
+        "both instances see each other",
+    )
+    partitions = 12
     topic = new_topic(local_env.bootstrap, partitions=partitions)
     try:
         for start, end in ((0, 60), (0, 30)):
