@@ -56,9 +56,9 @@ import gzip
 import io
 import struct
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, overload
 
 import kafka.codec as _codec
 import lz4.frame  # type: ignore[import-untyped]
@@ -76,6 +76,15 @@ from dedup.identity import (
     parse_sequence,
     sequence_fault,
 )
+
+try:  # the Rust record scan (dedup/records_native): optional, see `NATIVE_SCAN`
+    from dedup import _records as _native  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - a machine without a Rust toolchain
+    _native = None
+
+# Whether uniform batches are read by the Rust scan (`_read_uniform`). Without it every
+# batch is read record by record in Python: the same answers, several times slower.
+NATIVE_SCAN: Final = _native is not None
 
 HEADER_PRODUCER: Final = DEFAULT_PRODUCER_HEADER
 HEADER_SEQUENCE: Final = DEFAULT_SEQUENCE_HEADER
@@ -174,8 +183,92 @@ class IncomingRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchRun:
+    """The identities of a uniform batch, whole: record i is `producer`'s with sequence
+    `first + i` (an implicit one wrapping at 2^31, as Kafka's do). Found by the Rust scan
+    without a Python object per record (`_read_uniform`)."""
+
+    producer: str
+    first: int
+    count: int
+    implicit: bool
+    # The records can be written again with identity headers by the Rust rewrite
+    # (`with_identity_headers`): implicit, create time, first record at the first timestamp.
+    rewritable: bool = False
+    max_timestamp: int = -1  # the largest record timestamp (for the rewrite's header)
+
+    def sequence(self, index: int) -> int:
+        sequence = self.first + index
+        return sequence % IMPLICIT_SEQUENCE_MODULUS if self.implicit else sequence
+
+    @property
+    def last(self) -> int:
+        return self.sequence(self.count - 1)
+
+    def runs(self) -> list[tuple[str, int, int, int]]:
+        """As the check's runs (`dedup.state.check_runs`): split where an implicit sequence
+        wraps to 0."""
+        if not self.implicit or self.first + self.count <= IMPLICIT_SEQUENCE_MODULUS:
+            return [(self.producer, self.first, self.first + self.count - 1, self.count)]
+        before = IMPLICIT_SEQUENCE_MODULUS - self.first
+        return [
+            (self.producer, self.first, IMPLICIT_SEQUENCE_MODULUS - 1, before),
+            (self.producer, 0, self.count - before - 1, self.count - before),
+        ]
+
+
+class LazyRecords(Sequence["IncomingRecord"]):
+    """A uniform batch's records, decoded into `IncomingRecord`s only when something asks
+    for one (a duplicate to drop, a rebuild, a policy that inspects records): the usual
+    batch, every record new, is written without them. Its length needs no decoding."""
+
+    __slots__ = ("_count", "_load", "_records")
+
+    def __init__(self, count: int, load: Callable[[], tuple[IncomingRecord, ...]]) -> None:
+        self._count = count
+        self._load: Callable[[], tuple[IncomingRecord, ...]] | None = load
+        self._records: tuple[IncomingRecord, ...] | None = None
+
+    def _loaded(self) -> tuple[IncomingRecord, ...]:
+        if self._records is None:
+            assert self._load is not None
+            records = self._load()
+            if len(records) != self._count:
+                raise AssertionError(f"{len(records)} records decoded, {self._count} scanned")
+            self._records, self._load = records, None
+        return self._records
+
+    @property
+    def loaded(self) -> bool:
+        return self._records is not None
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> IncomingRecord: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[IncomingRecord, ...]: ...
+    def __getitem__(self, index: int | slice) -> IncomingRecord | tuple[IncomingRecord, ...]:
+        return self._loaded()[index]
+
+    def __iter__(self) -> Iterator[IncomingRecord]:
+        return iter(self._loaded())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyRecords):
+            other = other._loaded()
+        return isinstance(other, tuple) and self._loaded() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"LazyRecords({self._count}, loaded={self.loaded})"
+
+
+@dataclass(frozen=True, slots=True)
 class IncomingBatch:
-    records: tuple[IncomingRecord, ...]
+    records: tuple[IncomingRecord, ...] | LazyRecords
     compression: int  # Kafka codec id 0..4
     timestamp_type: int  # 0 create time, 1 log append time
     producer_id: int
@@ -194,6 +287,10 @@ class IncomingBatch:
     implicit_identities: bool = False
     # The bytes of its records decompressed, when read within limits (else -1)
     decompressed_size: int = -1
+    # Every record's identity at once, for a uniform batch read by the Rust scan (its
+    # records are then `LazyRecords`); None: look at each record's. Not compared: the same
+    # batch read either way is equal.
+    run: BatchRun | None = field(default=None, compare=False)
 
 
 def implicit_producer(producer_id: int, producer_epoch: int) -> str:
@@ -304,7 +401,13 @@ def _read_batch(
     if limits is not None and intact:
         body = _within_limits(raw, fields, index, limits)
     batch = None
-    if intact:
+    if intact and not from_log:
+        batch = _read_uniform(raw, names, fields, body, limits)
+    # The scan bounds every record's headers itself; the compiled reader does not.
+    large = body is not None and len(body) > SCAN_HEADERS_ABOVE_BYTES
+    if batch is None and limits is not None and body is not None and large:
+        _scan_header_counts(body, limits.max_headers)
+    if intact and batch is None:
         batch = _read_compiled(
             raw, names, from_log, fields=fields, intact=intact, body=body, limits=limits
         )
@@ -312,6 +415,101 @@ def _read_batch(
         size = -1 if body is None else len(body)
         batch = _read_reference(raw, index, names, from_log, limits, size)
     return batch
+
+
+def _read_uniform(
+    raw: bytes,
+    names: IdentityHeaders,
+    fields: tuple[Any, ...],
+    body: bytes | memoryview | None,
+    limits: ReadLimits | None,
+) -> IncomingBatch | None:
+    """An intact produce batch the Rust scan finds uniform (`BatchRun`), its records left
+    undecoded (`LazyRecords`); None for any other (read record by record). The scan
+    vouches only for what the compiled reader would read alike: every record in its
+    shortest encoding, offset deltas 0..n-1, no chunk header, no identity header repeated
+    or half there; the Python readers decide everything else, errors included."""
+    attributes, last_offset_delta, first_timestamp = fields[5:8]
+    producer_id, producer_epoch, base_sequence, count = fields[9:13]
+    codec = attributes & _CODEC_MASK
+    if (
+        _native is None
+        or codec not in CODEC_NAMES
+        or attributes & (_CONTROL_MASK | _TRANSACTIONAL_MASK)
+        or count <= 0
+        or last_offset_delta != count - 1
+        or (producer_id >= 0 and base_sequence < 0)
+        or _CHUNK_NAMES.intersection((names.producer, names.sequence))
+    ):
+        return None
+    if codec == CODEC_NONE:
+        data, start = raw, HEADER_SIZE
+    else:
+        if body is None:
+            if limits is not None:  # `_within_limits` found it does not decompress
+                return None
+            body = _decompressed(codec, memoryview(raw)[HEADER_SIZE:])
+            if body is None:
+                return None
+        data, start = bytes(body), 0
+    size = -1 if limits is None else len(data) - start  # as `_read_compiled` reports it
+    bounds = limits or _UNBOUNDED
+    found = _native.scan(
+        data,
+        start,
+        count,
+        names.producer.encode("utf-8"),
+        names.sequence.encode("utf-8"),
+        _CHUNK_NAME_BYTES,
+        bounds.max_headers,
+        bounds.max_producer_bytes,
+    )
+    if found is None:
+        return None
+    explicit, first_delta, max_delta = found
+    log_append = bool(attributes & _TIMESTAMP_TYPE_MASK)
+    if explicit is not None:
+        producer_bytes, first_sequence = explicit
+        try:
+            producer = producer_bytes.decode("utf-8")
+        except UnicodeDecodeError:  # the scan checked it: never
+            return None
+        run = BatchRun(producer, first_sequence, count, implicit=False)
+    elif producer_id >= 0:
+        run = BatchRun(
+            implicit_producer(producer_id, producer_epoch),
+            base_sequence,
+            count,
+            implicit=True,
+            rewritable=not log_append and first_delta == 0,
+            max_timestamp=first_timestamp + max_delta,
+        )
+    else:
+        return None  # no identity at all: read as before (rarely worth a fast path)
+
+    def load() -> tuple[IncomingRecord, ...]:
+        read = _read_compiled(raw, names, False, fields=fields, intact=True, body=body)
+        if read is None:  # the scan and the compiled reader disagree: a defect
+            read = _read_reference(raw, 0, names, False, None)
+        return tuple(read.records)
+
+    return IncomingBatch(
+        records=LazyRecords(count, load),
+        compression=codec,
+        timestamp_type=int(log_append),
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        transactional=False,
+        control=False,
+        raw=raw,
+        base_offset=fields[0],
+        last_offset_delta=last_offset_delta,
+        canonical=True,
+        implicit_identities=run.implicit,
+        decompressed_size=size,
+        run=run,
+    )
 
 
 def _within_limits(
@@ -343,8 +541,6 @@ def _within_limits(
             "(max_batch_decompressed_bytes, and max_request_decompressed_bytes for all the "
             "partitions of a request)",
         )
-    if body is not None and len(body) > SCAN_HEADERS_ABOVE_BYTES:
-        _scan_header_counts(body, limits.max_headers)
     return body
 
 
@@ -546,6 +742,9 @@ def _read_reference(
 
 _ABSENT: Final = object()
 _CHUNK_NAMES: Final = frozenset(CHUNK_HEADERS)
+_CHUNK_NAME_BYTES: Final = [name.encode("utf-8") for name in CHUNK_HEADERS]
+# No bounds (a caller without limits): the scan takes int64 and usize arguments.
+_UNBOUNDED: Final = ReadLimits(max_headers=(1 << 63) - 3, max_producer_bytes=1 << 62)
 _SHORT_SEQUENCE: Final = 18  # digits: below 10**18 < 2**63, so no range check
 
 
@@ -1081,6 +1280,70 @@ def build_batch(
     out += body
     _write_crc(out)
     return bytes(out)
+
+
+def rewrite_with_identity_headers(
+    batch: IncomingBatch,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    headers: IdentityHeaders = DEFAULT_HEADERS,
+) -> bytes:
+    """What `build_batch` writes for every record of a rewritable uniform batch
+    (`BatchRun.rewritable`) with `add_identity_headers`, byte for byte, by the Rust rewrite:
+    each record copied with the two identity headers appended, no Python object per record.
+    """
+    run = batch.run
+    if _native is None or run is None or not run.rewritable:
+        raise ValueError("only a rewritable uniform batch is rewritten (BatchRun.rewritable)")
+    if producer_id >= 0 and (producer_epoch < 0 or base_sequence < 0):
+        raise ValueError(
+            f"producer id {producer_id} needs an epoch and a base sequence >= 0, "
+            f"not {producer_epoch} and {base_sequence} (Kafka refuses the batch)"
+        )
+    codec, raw = batch.compression, batch.raw
+    if codec == CODEC_NONE:
+        data, start = raw, HEADER_SIZE
+    else:
+        body = _decompressed(codec, memoryview(raw)[HEADER_SIZE:])
+        if body is None:
+            raise ValueError("the batch no longer decompresses")
+        data, start = bytes(body), 0
+    records = _native.with_identity_headers(
+        data,
+        start,
+        run.count,
+        headers.producer.encode("utf-8"),
+        headers.sequence.encode("utf-8"),
+        run.producer.encode("utf-8"),
+        run.first,
+        IMPLICIT_SEQUENCE_MODULUS,
+    )
+    if codec != CODEC_NONE:
+        records = _ENCODERS[codec](records)
+    first_timestamp = _HEADER.unpack_from(raw)[7]
+    header = bytearray(
+        _HEADER.pack(
+            0,
+            HEADER_SIZE - _LOG_OVERHEAD + len(records),
+            -1,  # partition leader epoch: the broker sets it
+            2,
+            0,  # CRC, below
+            codec,
+            run.count - 1,
+            first_timestamp,
+            run.max_timestamp,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            run.count,
+        )
+    )
+    # The CRC32C carried on from the header over the records, then one copy of them.
+    crc = _crc32c(records, _crc32c(memoryview(header)[_ATTRIBUTES_OFFSET:]))
+    struct.pack_into(">I", header, _CRC_OFFSET, crc)
+    return b"".join((header, records))
 
 
 def _write_crc(batch: bytearray) -> None:

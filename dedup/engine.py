@@ -50,6 +50,7 @@ from redis.exceptions import RedisError
 from dedup import metrics
 from dedup.batches import (
     BadBatch,
+    BatchRun,
     IdentityHeaders,
     IncomingBatch,
     IncomingRecord,
@@ -58,6 +59,7 @@ from dedup.batches import (
     forwardable,
     read_batches,
     restamp_batch,
+    rewrite_with_identity_headers,
 )
 from dedup.bindings import ProducerBindings
 from dedup.chunks import ChunkMeta, ChunkProgress
@@ -67,7 +69,13 @@ from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot
 from dedup.ports import Clock, Owners, Policies, StateStore, Writer
 from dedup.recovery_scheduler import RecoveryScheduler
-from dedup.state import PartitionCheck, Persisted, Status, persisted_position
+from dedup.state import (
+    PartitionCheck,
+    Persisted,
+    RunIdentities,
+    Status,
+    persisted_position,
+)
 from dedup.writer import BatchToWrite, WriteResult
 from proxy.kafka.topology import Endpoint
 
@@ -142,8 +150,25 @@ class _Work:
     def identified(self) -> list[IncomingRecord]:
         return [r for batch in self.batches for r in batch.records if r.identity is not None]
 
+    def runs(self) -> list[BatchRun] | None:
+        """Every batch's identities as a whole (`BatchRun`), or None if some batch's are
+        to be read record by record."""
+        runs = [batch.run for batch in self.batches]
+        return None if not runs or None in runs else cast(list[BatchRun], runs)
+
+    def producers(self) -> set[str]:
+        """The producers this partition batch names."""
+        runs = self.runs()
+        if runs is not None:
+            return {run.producer for run in runs}
+        return {r.identity.producer for r in self.identified if r.identity is not None}
+
     def check(self) -> PartitionCheck | None:
         """What the state checks of this partition batch; None when no record has identity."""
+        runs = self.runs()
+        if runs is not None:  # the usual batch: no Python object per record
+            whole = RunIdentities([part for run in runs for part in run.runs()])
+            return PartitionCheck(self.topic, self.partition, whole, self.token)
         records = self.identified
         if not records:
             return None
@@ -371,6 +396,8 @@ class DedupEngine:
             return
         if item.mode is Mode.REQUIRE:
             for batch in item.batches:
+                if batch.run is not None:  # every record has an identity
+                    continue
                 missing = [r.offset_delta for r in batch.records if r.identity is None]
                 if missing:
                     message = (
@@ -558,8 +585,12 @@ class DedupEngine:
         for item in work:
             if item.answer is not None:
                 continue
+            # A batch with every record kept is passed whole: a uniform batch's records
+            # stay undecoded (`LazyRecords`) unless the batch has to be rebuilt.
             kept = [
-                [r for r, k in zip(batch.records, keep, strict=True) if k]
+                batch.records
+                if all(keep)
+                else [r for r, k in zip(batch.records, keep, strict=True) if k]
                 for batch, keep in zip(item.batches, item.keep, strict=True)
             ]
             count = item.kept = sum(len(records) for records in kept)
@@ -720,7 +751,7 @@ class DedupEngine:
         for item in work:
             if item.answer is not None or item.mode is Mode.DISABLED:
                 continue
-            names = {r.identity.producer for r in item.identified if r.identity is not None}
+            names = item.producers()
             if not names:
                 continue
             try:
@@ -822,6 +853,12 @@ def _highest_kept(item: _Work) -> dict[str, Persisted]:
 
 def _highest_sequences(identities: Sequence[tuple[str, int]]) -> dict[str, Persisted]:
     highest: dict[str, int] = {}
+    if isinstance(identities, RunIdentities):  # a run's highest is its last
+        for producer, _, last, _ in identities.runs:
+            known = highest.get(producer)
+            if known is None or last > known:
+                highest[producer] = last
+        return cast(dict[str, Persisted], highest)
     for producer, sequence in identities:
         known = highest.get(producer)
         if known is None or sequence > known:  # plain sequences: no chunk positions here
@@ -848,6 +885,21 @@ def _builder(
         for batch, records, as_is in plan:
             if as_is:
                 parts.append(restamp_batch(batch.raw, producer_id, producer_epoch, sequence))
+            elif (
+                add_identity_headers
+                and batch.run is not None
+                and batch.run.rewritable
+                and len(records) == len(batch.records)
+            ):  # implicit identities, every record kept: rewritten in Rust
+                parts.append(
+                    rewrite_with_identity_headers(
+                        batch,
+                        producer_id=producer_id,
+                        producer_epoch=producer_epoch,
+                        base_sequence=sequence,
+                        headers=headers,
+                    )
+                )
             else:
                 parts.append(
                     build_batch(

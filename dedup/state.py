@@ -81,10 +81,10 @@ import enum
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import redis.asyncio
 from redis.exceptions import NoScriptError
@@ -127,9 +127,38 @@ class CheckEncoding(enum.Enum):
 Run = tuple[str, int, int, int]
 
 
+class RunIdentities(Sequence[tuple[str, int]]):
+    """(producer, sequence) per record given as runs, for a batch whose runs are known
+    without looking at each record (`dedup.batches.BatchRun`): its length and its runs
+    cost nothing per record; a record's identity is made only when asked for."""
+
+    __slots__ = ("_length", "runs")
+
+    def __init__(self, runs: Sequence[Run]) -> None:
+        self.runs = tuple(runs)
+        self._length = sum(run[3] for run in self.runs)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        for producer, first, _, count in self.runs:
+            for sequence in range(first, first + count):
+                yield producer, sequence
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[str, int]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[str, int]]: ...
+    def __getitem__(self, index: int | slice) -> tuple[str, int] | list[tuple[str, int]]:
+        return list(self)[index]
+
+
 def check_runs(identities: Iterable[tuple[str, int]]) -> list[Run]:
     """(producer, sequence) per record, in order, as maximal runs. An implicit identity's
     sequence wraps at 2^31 to 0, which is not +1: the wrap ends a run."""
+    if isinstance(identities, RunIdentities):
+        return _merged(identities.runs)
     runs: list[Run] = []
     producer, first, last = "", 0, 0
     count = 0
@@ -142,6 +171,18 @@ def check_runs(identities: Iterable[tuple[str, int]]) -> list[Run]:
         producer, first, last, count = p, s, s, 1
     if count:
         runs.append((producer, first, last, count))
+    return runs
+
+
+def _merged(given: Sequence[Run]) -> list[Run]:
+    """Runs made maximal: a run that goes on where the one before it ends joins it."""
+    runs: list[Run] = []
+    for run in given:
+        if runs and runs[-1][0] == run[0] and run[1] == runs[-1][2] + 1:
+            producer, first, _, count = runs[-1]
+            runs[-1] = (producer, first, run[2], count + run[3])
+        else:
+            runs.append(run)
     return runs
 
 

@@ -86,9 +86,21 @@ fi
 
 # The product with its dev and spark extras, and the lab, both editable, in one pip run (so
 # the lab's requirement on the product is met by this checkout, never by a registry).
+# The install also builds the Rust extension dedup._records in place (setuptools-rust runs
+# cargo): its sources are inputs too, and a missing module means a rebuild.
 PY_STAMP="$VENV/.pyproject.sha256"
-PY_INPUTS=("$ROOT/pyproject.toml" "$ROOT/deploy/pyproject.toml")
-if [ "$(cat "$PY_STAMP" 2>/dev/null || true)" != "$(hash_of "${PY_INPUTS[@]}")" ]; then
+PY_INPUTS=("$ROOT/pyproject.toml" "$ROOT/deploy/pyproject.toml"
+    "$ROOT/dedup/records_native/Cargo.toml" "$ROOT/dedup/records_native/Cargo.lock"
+    "$ROOT"/dedup/records_native/src/*.rs)
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH" # rustup's place, not always on a CI shell's PATH
+fi
+command -v cargo >/dev/null 2>&1 ||
+    warn "no cargo (Rust): dedup._records is not built; the proxy reads batches in Python"
+NATIVE_BUILT=0
+compgen -G "$ROOT/dedup/_records*.so" >/dev/null && NATIVE_BUILT=1
+if [ "$(cat "$PY_STAMP" 2>/dev/null || true)" != "$(hash_of "${PY_INPUTS[@]}")" ] ||
+    { [ "$NATIVE_BUILT" -eq 0 ] && command -v cargo >/dev/null 2>&1; }; then
     say "installing the product (with its dev and spark extras) and the lab into .venv"
     (cd "$ROOT" && quietly "$VENV/bin/python" -m pip install -e '.[dev,spark]' -e ./deploy)
     hash_of "${PY_INPUTS[@]}" >"$PY_STAMP"

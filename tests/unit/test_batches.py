@@ -683,14 +683,21 @@ def test_default_headers() -> None:
 
 
 def reference(data: bytes, **kwargs: Any) -> list[IncomingBatch] | tuple[ErrorCode, str]:
-    with mock.patch.object(batches, "_read_compiled", return_value=None):
+    with (
+        mock.patch.object(batches, "_read_uniform", return_value=None),
+        mock.patch.object(batches, "_read_compiled", return_value=None),
+    ):
         return outcome(data, **kwargs)
 
 
 def outcome(data: bytes, **kwargs: Any) -> list[IncomingBatch] | tuple[ErrorCode, str]:
-    """The batches read (`canonical` aside: it says which reader read them), or the error."""
+    """The batches read (`canonical` aside: it says which reader read them), or the error.
+    A uniform batch's records (`LazyRecords`) are decoded here, to be compared."""
     try:
-        return [replace(b, canonical=False) for b in read_batches(data, **kwargs)]
+        return [
+            replace(b, canonical=False, records=tuple(b.records))
+            for b in read_batches(data, **kwargs)
+        ]
     except BadBatch as error:
         return error.error_code, error.message
 
@@ -1195,3 +1202,275 @@ def test_the_header_count_walk_passes_every_valid_batch(items: list[Spec], codec
     if most:
         with pytest.raises(LimitExceeded):
             batches._scan_header_counts(body, most - 1)
+
+
+# --------------------------------------------------------------------------- the Rust scan
+# A uniform batch (every record of implicit identity, or every record of one explicit
+# producer with sequences rising by one) is read by the Rust scan (`_read_uniform`) with
+# its records left undecoded; everything above compares it with the reference already
+# (`reference` switches the scan off). These make sure the scan is really taken where it
+# should be, agrees with the records it stands for, and writes what `build_batch` writes.
+
+IMPLICIT_WRAP = batches.IMPLICIT_SEQUENCE_MODULUS
+
+payloads = st.none() | st.binary(max_size=40)
+other_headers = st.lists(st.tuples(st.sampled_from(["a", "b", "é", ""]), payloads), max_size=3).map(
+    tuple
+)
+
+
+@dataclass(frozen=True)
+class Plain:
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_delta: int
+
+
+plains = st.builds(Plain, payloads, payloads, other_headers, st.integers(0, 5000))
+
+
+def uniform_batch(
+    records: Sequence[Plain],
+    codec: int,
+    *,
+    explicit: tuple[str, int] | None,
+    producer_id: int,
+    base_sequence: int,
+    first_timestamp: int = 1_700_000_000_000,
+) -> bytes:
+    """A batch as a client writes it (kafka-python's builder): implicit identities, or
+    `explicit` (producer, first sequence) in headers of every record."""
+    builder: Any = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=codec,
+        is_transactional=False,
+        producer_id=producer_id,
+        producer_epoch=3 if producer_id >= 0 else -1,
+        base_sequence=base_sequence if producer_id >= 0 else -1,
+        batch_size=1 << 30,
+    )
+    for offset, record in enumerate(records):
+        headers = list(record.headers)
+        if explicit is not None:
+            producer, first = explicit
+            headers += [
+                (HEADER_PRODUCER, producer.encode()),
+                (HEADER_SEQUENCE, str(first + offset).encode()),
+            ]
+        timestamp = first_timestamp + (0 if offset == 0 else record.timestamp_delta)
+        builder.append(offset, timestamp, record.key, record.value, headers)
+    return bytes(builder.build())
+
+
+def test_the_rust_scan_is_built() -> None:
+    """The setup builds dedup._records (deploy/setup.sh, setuptools-rust): without it the
+    proxy still works, record by record, and says so; the suite insists on it."""
+    assert batches.NATIVE_SCAN
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@CASES
+@given(
+    records=st.lists(plains, min_size=1, max_size=8),
+    explicit=st.none() | st.tuples(st.sampled_from(["app-1", "ü"]), st.integers(0, 10**17)),
+    base_sequence=st.sampled_from([0, 7, IMPLICIT_WRAP - 3, IMPLICIT_WRAP - 1]),
+    bounded=st.booleans(),
+)
+def test_a_uniform_batch_is_scanned_whole_and_reads_as_the_reference(
+    codec: int,
+    records: list[Plain],
+    explicit: tuple[str, int] | None,
+    base_sequence: int,
+    bounded: bool,
+) -> None:
+    data = uniform_batch(
+        records, codec, explicit=explicit, producer_id=42, base_sequence=base_sequence
+    )
+    limits = ReadLimits() if bounded else None
+    [batch] = read_batches(data, limits=limits)
+    run = batch.run
+    assert run is not None, "a uniform batch goes the Rust way"
+    assert isinstance(batch.records, batches.LazyRecords) and not batch.records.loaded
+    assert outcome(data, limits=limits) == reference(data, limits=limits)
+    expected = [(r.identity.producer, r.identity.sequence) for r in batch.records if r.identity]
+    assert [(run.producer, run.sequence(i)) for i in range(run.count)] == expected
+    assert run.count == len(records)
+    assert run.implicit == (explicit is None) == batch.implicit_identities
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@CASES
+@given(
+    records=st.lists(plains, min_size=1, max_size=8),
+    base_sequence=st.sampled_from([0, 11, IMPLICIT_WRAP - 2]),
+    out=st.tuples(st.integers(0, 1 << 40), st.integers(0, 100), st.integers(0, IMPLICIT_WRAP - 1)),
+    names=st.sampled_from([DEFAULT_HEADERS, IdentityHeaders("app", "n")]),
+)
+def test_the_rust_rewrite_writes_what_build_batch_writes(
+    codec: int,
+    records: list[Plain],
+    base_sequence: int,
+    out: tuple[int, int, int],
+    names: IdentityHeaders,
+) -> None:
+    data = uniform_batch(records, codec, explicit=None, producer_id=5, base_sequence=base_sequence)
+    [batch] = read_batches(data, names, limits=ReadLimits())
+    assert batch.run is not None and batch.run.rewritable
+    producer_id, producer_epoch, sequence = out
+    rewritten = batches.rewrite_with_identity_headers(
+        batch,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=sequence,
+        headers=names,
+    )
+    rebuilt = build_batch(
+        list(batch.records),
+        compression=batch.compression,  # kafka-python's builder drops one that does not shrink
+        timestamp_type=0,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=sequence,
+        add_identity_headers=True,
+        headers=names,
+    )
+    assert rewritten == rebuilt
+    # and the log reads the identities back from the headers, as replay does
+    [logged] = read_batches(rewritten, names, from_log=True)
+    assert [r.identity for r in logged.records] == [r.identity for r in batch.records]
+
+
+def test_batches_that_are_not_uniform_are_read_record_by_record() -> None:
+    plain = Plain(b"k", b"v", (), 0)
+    two = [plain, plain]
+
+    def explicit(sequences: list[bytes], producers: tuple[bytes, bytes] = (b"p", b"p")) -> bytes:
+        return raw_batch(
+            [
+                (i, b"k", b"v", [(HEADER_PRODUCER, producers[i]), (HEADER_SEQUENCE, s)])
+                for i, s in enumerate(sequences)
+            ],
+            producer_id=1,
+            producer_epoch=0,
+            base_sequence=0,
+        )
+
+    chunked = raw_batch(
+        [
+            (
+                0,
+                None,
+                b"v",
+                [(HEADER_PRODUCER, b"p"), (HEADER_SEQUENCE, b"1"), (CHUNK_HEADERS[0], b"u")],
+            )
+        ],
+        producer_id=1,
+        producer_epoch=0,
+        base_sequence=0,
+    )
+    cases = {
+        "a gap in the sequences": explicit([b"1", b"3"]),
+        "two producers": explicit([b"1", b"2"], (b"p", b"q")),
+        "a signed sequence": explicit([b"+1", b"2"]),
+        "mixed explicit and implicit": raw_batch(
+            [
+                (0, b"k", b"v", [(HEADER_PRODUCER, b"p"), (HEADER_SEQUENCE, b"1")]),
+                (1, b"k", b"v", []),
+            ],
+            producer_id=1,
+            producer_epoch=0,
+            base_sequence=0,
+        ),
+        "a repeated identity header": raw_batch(
+            [
+                (
+                    0,
+                    b"k",
+                    b"v",
+                    [(HEADER_PRODUCER, b"p"), (HEADER_PRODUCER, b"p"), (HEADER_SEQUENCE, b"1")],
+                )
+            ],
+            producer_id=1,
+            producer_epoch=0,
+            base_sequence=0,
+        ),
+        "a chunk": chunked,
+        "no identity at all (no producer id)": uniform_batch(
+            two, 0, explicit=None, producer_id=-1, base_sequence=-1
+        ),
+    }
+    for why, data in cases.items():
+        fields = batches._HEADER.unpack_from(data)
+        assert batches._read_uniform(data, DEFAULT_HEADERS, fields, None, None) is None, why
+        assert outcome(data) == reference(data), why
+
+
+def test_a_record_the_scan_cannot_vouch_for_goes_the_python_way() -> None:
+    """A varint longer than its shortest encoding: Kafka reads it, the scan leaves it."""
+    native: Any = batches._native
+
+    def scan(data: bytes) -> Any:
+        names = (HEADER_PRODUCER.encode(), HEADER_SEQUENCE.encode())
+        return native.scan(data, HEADER_SIZE, 1, *names, [], 10, 10)
+
+    assert scan(hand_written_batch({})) is not None
+    for field in ("timestamp_delta", "offset_delta", "key_length", "length"):
+        data = hand_written_batch({}, overlong=field)
+        assert scan(data) is None, field
+        assert outcome(data) == reference(data), field
+    assert scan(hand_written_batch({"attributes": 1})) is None
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records=st.lists(plains, min_size=1, max_size=5),
+    explicit=st.none() | st.just(("app", 5)),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), min_size=1, max_size=3),
+)
+def test_fuzz_mutated_uniform_batches_read_as_the_reference(
+    codec: int, records: list[Plain], explicit: tuple[str, int] | None, flips: list[tuple[int, int]]
+) -> None:
+    """Damage inside a uniform batch's records, the CRC made right again: the scan takes
+    the batch only where the reference reads the same records, never what it refuses."""
+    data = bytearray(
+        uniform_batch(records, codec, explicit=explicit, producer_id=9, base_sequence=0)
+    )
+    for position, mask in flips:
+        at = HEADER_SIZE + position % max(len(data) - HEADER_SIZE, 1)
+        data[min(at, len(data) - 1)] ^= mask
+    mutated = fix_crc(data)
+    assert outcome(mutated) == reference(mutated)
+    assert outcome(mutated, limits=TIGHT) == reference(mutated, limits=TIGHT)
+
+
+@given(
+    data=st.binary(max_size=300),
+    start=st.integers(0, 320),
+    count=st.integers(-2, 20),
+    max_headers=st.integers(0, 5),
+)
+def test_fuzz_the_rust_functions_refuse_without_failing(
+    data: bytes, start: int, count: int, max_headers: int
+) -> None:
+    """Any bytes: the scan answers None or a result, the rewrite a result or ValueError."""
+    native: Any = batches._native
+    names = (b"dedup.producer", b"dedup.sequence")
+    with contextlib.suppress(ValueError):
+        native.scan(data, start, count, *names, [b"x"], max_headers, 10)
+    with contextlib.suppress(ValueError):
+        native.with_identity_headers(data, start, count, *names, b"p", 0, IMPLICIT_WRAP)
+
+
+def test_run_identities_are_the_records_identities() -> None:
+    from dedup.state import RunIdentities, check_runs
+
+    wrapping = batches.BatchRun("p", IMPLICIT_WRAP - 2, 5, implicit=True)
+    assert wrapping.runs() == [("p", IMPLICIT_WRAP - 2, IMPLICIT_WRAP - 1, 2), ("p", 0, 2, 3)]
+    whole = RunIdentities([*wrapping.runs(), ("p", 3, 4, 2), ("q", 5, 5, 1)])
+    listed = list(whole)
+    assert len(whole) == len(listed) == 8
+    assert listed[:3] == [("p", IMPLICIT_WRAP - 2), ("p", IMPLICIT_WRAP - 1), ("p", 0)]
+    assert whole[7] == ("q", 5)
+    assert check_runs(whole) == check_runs(listed)  # runs that go on are joined

@@ -45,6 +45,7 @@ from dedup.batches import (
     IdentityHeaders,
     IncomingBatch,
     IncomingRecord,
+    LazyRecords,
     build_batch,
     read_batches,
     restamp_batch,
@@ -554,6 +555,43 @@ async def test_a_batch_with_duplicates_or_implicit_identities_is_rebuilt() -> No
             (HEADER_PRODUCER, b"kafka-pid-40-1"),
             (HEADER_SEQUENCE, b"0"),
         )
+
+
+async def test_uniform_batches_of_new_records_are_written_without_decoding_a_record() -> None:
+    """The usual batches (one producer, sequences in a row; or implicit identities) are
+    checked as runs and written restamped or rewritten in Rust: no record is decoded into a
+    Python object unless one has to be dropped."""
+    implicit = build_batch(
+        [IncomingRecord(i, NOW_MS, None, b"i%d" % i, (), None) for i in range(3)],
+        compression=0,
+        timestamp_type=0,
+        producer_id=40,
+        producer_epoch=1,
+        base_sequence=0,
+        add_identity_headers=False,
+    )
+    decoded: list[int] = []
+    real = LazyRecords._loaded
+
+    def spy(self: LazyRecords) -> Any:
+        if not self.loaded:
+            decoded.append(len(self))
+        return real(self)
+
+    with mock.patch.object(LazyRecords, "_loaded", spy):
+        async with running() as rig:
+            await rig.send((P0, records("p", [0, 1, 2])), (P1, implicit))
+            assert decoded == []
+            await rig.settle()
+            answer = await rig.send((P0, records("p", [2, 3])))  # 2 is a duplicate
+            assert answer[P0] == PartitionAnswer(base_offset=-1)
+            assert decoded == [2], "decoded only to drop the duplicate"
+            assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
+            assert identities(rig.writer.built[P1][0]) == [
+                ("kafka-pid-40-1", 0),
+                ("kafka-pid-40-1", 1),
+                ("kafka-pid-40-1", 2),
+            ]
 
 
 async def test_large_partition_data_is_read_off_the_event_loop() -> None:
