@@ -10,8 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 
+import structlog
+
 from dedup.admin_api import add_dedup_routes
 from dedup.app.settings import Settings
+from dedup.batches import NATIVE_SCAN
 from dedup.ownership.filters import ownership_filters
 from dedup.produce_filter import DedupProduceFilter
 from dedup.service import DedupService, UpstreamAccess
@@ -20,6 +23,8 @@ from proxy.runtime.admin import AdminRoutes
 from proxy.runtime.chain import FilterChain
 from proxy.runtime.cluster import UpstreamCluster
 from proxy.runtime.server import ProxyServer, topology_of
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(slots=True)
@@ -37,6 +42,12 @@ def assemble(settings: Settings) -> AssembledProxy:
     filters = standard_filters()
     if settings.pass_through:
         return AssembledProxy(ProxyServer(settings, cluster, FilterChain(filters)))
+    if not NATIVE_SCAN:
+        log.warning(
+            "the Rust record scan (dedup._records) is not built: every batch is read record "
+            "by record in Python, several times slower; build it with a Rust toolchain "
+            "(deploy/setup.sh, or pip install with cargo on the PATH)"
+        )
     dedup = DedupService(
         settings,
         UpstreamAccess(
