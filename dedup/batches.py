@@ -1282,26 +1282,15 @@ def build_batch(
     return bytes(out)
 
 
-def rewrite_with_identity_headers(
-    batch: IncomingBatch,
-    *,
-    producer_id: int,
-    producer_epoch: int,
-    base_sequence: int,
-    headers: IdentityHeaders = DEFAULT_HEADERS,
-) -> bytes:
-    """What `build_batch` writes for every record of a rewritable uniform batch
-    (`BatchRun.rewritable`) with `add_identity_headers`, byte for byte, by the Rust rewrite:
-    each record copied with the two identity headers appended, no Python object per record.
-    """
+def identity_records(batch: IncomingBatch, headers: IdentityHeaders = DEFAULT_HEADERS) -> bytes:
+    """The records of a rewritable uniform batch (`BatchRun.rewritable`) with the two
+    identity headers appended to each, compressed with the batch's codec: what follows the
+    header in `rewrite_with_identity_headers`. Independent of the producer the batch is
+    written under, so it may be made ahead (in a worker thread: the rewrite and the codecs
+    release the GIL)."""
     run = batch.run
     if _native is None or run is None or not run.rewritable:
         raise ValueError("only a rewritable uniform batch is rewritten (BatchRun.rewritable)")
-    if producer_id >= 0 and (producer_epoch < 0 or base_sequence < 0):
-        raise ValueError(
-            f"producer id {producer_id} needs an epoch and a base sequence >= 0, "
-            f"not {producer_epoch} and {base_sequence} (Kafka refuses the batch)"
-        )
     codec, raw = batch.compression, batch.raw
     if codec == CODEC_NONE:
         data, start = raw, HEADER_SIZE
@@ -1310,7 +1299,7 @@ def rewrite_with_identity_headers(
         if body is None:
             raise ValueError("the batch no longer decompresses")
         data, start = bytes(body), 0
-    records = _native.with_identity_headers(
+    records: bytes = _native.with_identity_headers(
         data,
         start,
         run.count,
@@ -1320,9 +1309,32 @@ def rewrite_with_identity_headers(
         run.first,
         IMPLICIT_SEQUENCE_MODULUS,
     )
-    if codec != CODEC_NONE:
-        records = _ENCODERS[codec](records)
-    first_timestamp = _HEADER.unpack_from(raw)[7]
+    return records if codec == CODEC_NONE else _ENCODERS[codec](records)
+
+
+def rewrite_with_identity_headers(
+    batch: IncomingBatch,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    headers: IdentityHeaders = DEFAULT_HEADERS,
+    records: bytes | None = None,
+) -> bytes:
+    """What `build_batch` writes for every record of a rewritable uniform batch
+    (`BatchRun.rewritable`) with `add_identity_headers`, byte for byte, by the Rust rewrite:
+    each record copied with the two identity headers appended, no Python object per record.
+    `records`: its `identity_records`, when made ahead."""
+    if producer_id >= 0 and (producer_epoch < 0 or base_sequence < 0):
+        raise ValueError(
+            f"producer id {producer_id} needs an epoch and a base sequence >= 0, "
+            f"not {producer_epoch} and {base_sequence} (Kafka refuses the batch)"
+        )
+    if records is None:
+        records = identity_records(batch, headers)
+    run = batch.run
+    assert run is not None  # identity_records checked it, or made `records`
+    first_timestamp = _HEADER.unpack_from(batch.raw)[7]
     header = bytearray(
         _HEADER.pack(
             0,
@@ -1330,7 +1342,7 @@ def rewrite_with_identity_headers(
             -1,  # partition leader epoch: the broker sets it
             2,
             0,  # CRC, below
-            codec,
+            batch.compression,
             run.count - 1,
             first_timestamp,
             run.max_timestamp,

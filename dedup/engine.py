@@ -57,6 +57,7 @@ from dedup.batches import (
     ReadLimits,
     build_batch,
     forwardable,
+    identity_records,
     read_batches,
     restamp_batch,
     rewrite_with_identity_headers,
@@ -141,6 +142,9 @@ class _Work:
     behind: bool = False  # refused because one ahead of it in line was not written
     in_turn: bool = False  # every request ahead of it in line is written or refused
     checked_as: PartitionCheck | None = None  # what the state checked, once it did
+    # Per batch, its `identity_records` made in the reader thread (large or compressed
+    # batches of implicit identity), else None: made when written, if needed.
+    prepared: list[bytes | None] = field(default_factory=list)
 
     @property
     def key(self) -> Key:
@@ -376,8 +380,8 @@ class DedupEngine:
             if len(data) > READ_IN_THREAD_BYTES or (
                 len(data) > _ATTRIBUTES_LOW_BYTE and data[_ATTRIBUTES_LOW_BYTE] & 0x07
             ):
-                item.batches = await asyncio.to_thread(
-                    read_batches, data, self._headers, limits=limits
+                item.batches, item.prepared = await asyncio.to_thread(
+                    _read_and_prepare, data, self._headers, limits, item.mode is not Mode.DISABLED
                 )
             else:
                 item.batches = read_batches(data, self._headers, limits=limits)
@@ -791,6 +795,22 @@ class DedupEngine:
         return self._partitions.of(item.key)
 
 
+def _read_and_prepare(
+    data: bytes, headers: IdentityHeaders, limits: ReadLimits, add_identity_headers: bool
+) -> tuple[list[IncomingBatch], list[bytes | None]]:
+    """`read_batches` in a worker thread, and there too the records a batch of implicit
+    identity is written with (`identity_records`): the event loop then only stamps the
+    header of a large batch."""
+    batches = read_batches(data, headers, limits=limits)
+    prepared = [
+        identity_records(batch, headers)
+        if add_identity_headers and batch.run is not None and batch.run.rewritable
+        else None
+        for batch in batches
+    ]
+    return batches, prepared
+
+
 def _partition_data(request: Any) -> dict[Key, bytes | None]:
     """Each partition's records in request order. A partition named twice keeps its last
     data: Kafka's broker does the same (`KafkaApis.handleProduceRequest` keeps one entry
@@ -873,16 +893,17 @@ def _builder(
     A batch with nothing dropped and no header to add is the client's own bytes, restamped
     (`dedup.batches.forwardable`); any other is rebuilt from the records kept."""
     add_identity_headers = item.mode is not Mode.DISABLED
+    prepared = item.prepared or [None] * len(item.batches)
     plan = [
-        (batch, records, forwardable(batch, records, add_identity_headers))
-        for batch, records in zip(item.batches, kept, strict=True)
+        (batch, records, forwardable(batch, records, add_identity_headers), ahead)
+        for batch, records, ahead in zip(item.batches, kept, prepared, strict=True)
         if records
     ]
 
     def build(producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
         parts = []
         sequence = base_sequence
-        for batch, records, as_is in plan:
+        for batch, records, as_is, ahead in plan:
             if as_is:
                 parts.append(restamp_batch(batch.raw, producer_id, producer_epoch, sequence))
             elif (
@@ -898,6 +919,7 @@ def _builder(
                         producer_epoch=producer_epoch,
                         base_sequence=sequence,
                         headers=headers,
+                        records=ahead,
                     )
                 )
             else:

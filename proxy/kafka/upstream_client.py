@@ -22,7 +22,7 @@ from kio.serial import entity_writer
 from kio.static.primitive import i32
 
 from proxy.kafka.sasl import Credentials, authenticate
-from proxy.kafka.schemas import decode_response_body, encode_body, response_header_is_flexible
+from proxy.kafka.schemas import decode_response_body, response_header_is_flexible
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.wire import FrameError, correlation_id_of, read_frame, response_body_start
 
@@ -43,10 +43,16 @@ def encode_request(payload: Any, correlation_id: int, client_id: str = CLIENT_ID
         correlation_id=i32(correlation_id),
         client_id=client_id,
     )
+    # One buffer for the size, header and body: a large Produce request is copied once into
+    # it, not again by joining the parts (a copy of 32 MB is some 15 ms of the event loop).
     buffer = io.BytesIO()
+    buffer.write(bytes(4))  # the size, once known
     entity_writer(header_type)(buffer, header)
-    message = buffer.getvalue() + encode_body(payload)
-    return len(message).to_bytes(4, "big") + message
+    entity_writer(type(payload))(buffer, payload)
+    size = buffer.tell() - 4
+    with buffer.getbuffer() as view:
+        view[:4] = size.to_bytes(4, "big")
+    return buffer.getvalue()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1336,6 +1336,18 @@ def test_the_rust_rewrite_writes_what_build_batch_writes(
         headers=names,
     )
     assert rewritten == rebuilt
+    made_ahead = batches.identity_records(batch, names)  # as the reader thread makes them
+    assert (
+        batches.rewrite_with_identity_headers(
+            batch,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=sequence,
+            headers=names,
+            records=made_ahead,
+        )
+        == rebuilt
+    )
     # and the log reads the identities back from the headers, as replay does
     [logged] = read_batches(rewritten, names, from_log=True)
     assert [r.identity for r in logged.records] == [r.identity for r in batch.records]

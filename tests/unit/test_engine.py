@@ -37,6 +37,7 @@ from kio.static.primitive import Records, i16, i32, i32Timedelta
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from dedup import engine as engine_module
 from dedup.batches import (
     HEADER_PRODUCER,
     HEADER_SEQUENCE,
@@ -592,6 +593,32 @@ async def test_uniform_batches_of_new_records_are_written_without_decoding_a_rec
                 ("kafka-pid-40-1", 1),
                 ("kafka-pid-40-1", 2),
             ]
+
+
+async def test_a_large_batch_of_implicit_identities_gets_its_headers_in_the_reader_thread() -> None:
+    count = READ_IN_THREAD_BYTES // 1000 + 10
+    large = build_batch(
+        [IncomingRecord(i, NOW_MS, None, bytes(1000), (), None) for i in range(count)],
+        compression=0,
+        timestamp_type=0,
+        producer_id=41,
+        producer_epoch=0,
+        base_sequence=5,
+        add_identity_headers=False,
+    )
+    threads: list[str] = []
+    real = engine_module.identity_records
+
+    def spy(*args: Any) -> bytes:
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    with mock.patch.object(engine_module, "identity_records", spy):
+        async with running() as rig:
+            await rig.send((P0, large))
+            assert len(threads) == 1 and threads[0] != threading.main_thread().name
+            [written] = rig.writer.built[P0]
+            assert identities(written) == [("kafka-pid-41-0", 5 + i) for i in range(count)]
 
 
 async def test_large_partition_data_is_read_off_the_event_loop() -> None:
