@@ -1,12 +1,16 @@
 """The produce path's record codec alone, in one process: records/s reading a client's batch
-(`dedup.batches.read_batches`) and reading it then writing the batch the proxy forwards,
-before (kafka-python's pure-Python reader and builder) and now (aiokafka's compiled reader;
-the client's bytes restamped, or a rebuild by the compiled builder where records are
-dropped or headers added).
+(`dedup.batches.read_batches`) and reading it then writing the batch the proxy forwards, by
+each reader the proxy has had: kafka-python's pure-Python reader and builder; aiokafka's
+compiled reader (a record object each; the client's bytes restamped, or a rebuild by the
+compiled builder where records are dropped or headers added); and the Rust scan
+(`dedup._records`) of a uniform batch, which makes no object per record (restamped, or for
+implicit identities rewritten with their headers in Rust).
 
 Batches of about 1 MB, records of 100 B and 1000 B of random bytes with the two identity
 headers (`dedup.producer`, `dedup.sequence`), as `benchmarks/passthrough.py` sends them;
-uncompressed and zstd. The cases of one record size and codec run interleaved, one timed
+and the same records without headers from an idempotent producer (implicit identities,
+step ``implicit``: read and written with the identity headers added); uncompressed and
+zstd. The cases of one record size and codec run interleaved, one timed
 run of each per round for ``--repeats`` rounds, so a burst of load on the machine hits them
 alike; records/s is from the fastest run of each (the least disturbed), the median is in
 the CSV too.
@@ -44,6 +48,7 @@ from dedup.batches import (
     build_batch,
     read_batches,
     restamp_batch,
+    rewrite_with_identity_headers,
 )
 
 BATCH_BYTES: Final = 1_000_000
@@ -56,10 +61,10 @@ PRODUCER: Final = (9, 1, 100)  # the proxy's producer id, epoch, base sequence
 class Row:
     record_bytes: int
     compression: str
-    # parse (the codec alone), read (read_batches: checks, identities) or read+write (and
-    # the batch the proxy forwards)
+    # parse (the codec alone), read (read_batches: checks, identities), read+write (and
+    # the batch the proxy forwards), implicit (read+write of implicit identities)
     step: str
-    codec: str  # kafka-python, compiled, compiled+restamp, compiled+rebuild
+    codec: str  # kafka-python, compiled[+restamp|+rebuild], rust scan[+restamp|+rewrite]
     records: int
     batch_bytes: int
     seconds: float  # the fastest run, per batch
@@ -67,27 +72,30 @@ class Row:
     records_per_s: float  # from the fastest run
 
 
-def client_batch(record_bytes: int, codec: int) -> bytes:
-    """About `BATCH_BYTES` of records as a client sends them (kafka-python's builder)."""
+def client_batch(record_bytes: int, codec: int, *, implicit: bool = False) -> bytes:
+    """About `BATCH_BYTES` of records as a client sends them (kafka-python's builder): with
+    identity headers, or (`implicit`) without, from an idempotent producer."""
     builder: Any = DefaultRecordBatchBuilder(
         magic=2,
         compression_type=codec,
         is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
+        producer_id=77 if implicit else -1,
+        producer_epoch=0 if implicit else -1,
+        base_sequence=0 if implicit else -1,
         batch_size=sys.maxsize,
     )
     now_ms = int(time.time() * 1000)
     for offset in range(BATCH_BYTES // (record_bytes + 50)):
         headers = [(HEADER_PRODUCER, b"bench-producer-1"), (HEADER_SEQUENCE, b"%d" % offset)]
-        builder.append(offset, now_ms + offset, None, os.urandom(record_bytes), headers)
+        builder.append(
+            offset, now_ms + offset, None, os.urandom(record_bytes), [] if implicit else headers
+        )
     return bytes(builder.build())
 
 
 def read_reference(data: bytes) -> IncomingBatch:
     """kafka-python's reader with read_batches' checks (the reader before this codec)."""
-    return batches._read_reference(data, 0, DEFAULT_HEADERS, False)
+    return batches._read_reference(data, 0, DEFAULT_HEADERS, False, None)
 
 
 def build_reference(batch: IncomingBatch) -> bytes:
@@ -136,25 +144,48 @@ def parse_only(reader: Any, data: bytes) -> int:
     return sum(1 for _ in reader(data))
 
 
-def cases(data: bytes) -> dict[tuple[str, str], Callable[[], object]]:
+def cases(data: bytes, implicit: bytes) -> dict[tuple[str, str], Callable[[], object]]:
     return {
         ("parse", "kafka-python"): lambda: parse_only(DefaultRecordBatch, data),
         ("parse", "compiled"): lambda: parse_only(CompiledRecordBatch, data),
         ("read", "kafka-python"): lambda: read_reference(data),
-        ("read", "compiled"): lambda: read_batches(data),
+        ("read", "compiled"): lambda: read_compiled(data),
+        ("read", "rust scan"): lambda: read_batches(data),
         ("read+write", "kafka-python"): lambda: build_reference(read_reference(data)),
         # Every record new, identities in headers: the client's bytes, restamped.
         ("read+write", "compiled+restamp"): lambda: restamp_batch(
+            read_compiled(data).raw, *PRODUCER
+        ),
+        ("read+write", "rust scan+restamp"): lambda: restamp_batch(
             read_batches(data)[0].raw, *PRODUCER
         ),
-        # A record dropped (or headers to add): rebuilt by the compiled builder.
+        # A record dropped: rebuilt by the compiled builder (whatever read the batch).
         ("read+write", "compiled+rebuild"): lambda: _rebuild_without_first(data),
+        # Implicit identities, every record new: the headers added.
+        ("implicit", "compiled+rebuild"): lambda: rebuild(
+            read_compiled(implicit).records, read_compiled(implicit)
+        ),
+        ("implicit", "rust scan+rewrite"): lambda: _rewritten(implicit),
     }
 
 
+def read_compiled(data: bytes) -> IncomingBatch:
+    """The compiled reader's batch (a record object each), the Rust scan left out."""
+    batch = batches._read_compiled(data, DEFAULT_HEADERS, False)
+    assert batch is not None
+    return batch
+
+
 def _rebuild_without_first(data: bytes) -> bytes:
-    [batch] = read_batches(data)
+    batch = read_compiled(data)
     return rebuild(batch.records[1:], batch)
+
+
+def _rewritten(data: bytes) -> bytes:
+    [batch] = read_batches(data)
+    return rewrite_with_identity_headers(
+        batch, producer_id=PRODUCER[0], producer_epoch=PRODUCER[1], base_sequence=PRODUCER[2]
+    )
 
 
 def timed_rounds(
@@ -177,8 +208,11 @@ def measure(repeats: int) -> list[Row]:
     for record_bytes in RECORD_BYTES:
         for codec in CODECS:
             data = client_batch(record_bytes, codec)
+            implicit = client_batch(record_bytes, codec, implicit=True)
             count = len(read_batches(data)[0].records)
-            for (step, name), seconds in timed_rounds(cases(data), repeats).items():
+            if read_batches(data)[0].run is None or read_batches(implicit)[0].run is None:
+                raise SystemExit("the Rust scan is not built (dedup._records): see README")
+            for (step, name), seconds in timed_rounds(cases(data, implicit), repeats).items():
                 best = min(seconds)
                 row = Row(
                     record_bytes,

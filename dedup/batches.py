@@ -1,7 +1,12 @@
 """Record batches of one partition: reading them with each record's identity, and building
 the batch the proxy forwards from the records it keeps.
 
-The record-batch format (magic 2) is read and written by aiokafka's compiled codec
+A uniform batch (every record of one producer with sequences in a row, or every record of
+implicit identity) is read by the project's Rust scan (`dedup._records`, built from
+`records_native/`) into a `BatchRun`, its records left undecoded (`LazyRecords`); implicit
+identities get their headers by the Rust rewrite (`rewrite_with_identity_headers`). The scan
+declines anything else, which is read record by record: the record-batch format (magic 2)
+is read and written by aiokafka's compiled codec
 (`aiokafka.record._crecords`), with kafka-python's pure-Python reader as the reference for
 what it must read alike (`_read_compiled`: input it cannot vouch for goes to the reference),
 `kafka.codec` for compression and the `crc32c` package for CRC32C; this module adds the
@@ -200,10 +205,6 @@ class BatchRun:
     def sequence(self, index: int) -> int:
         sequence = self.first + index
         return sequence % IMPLICIT_SEQUENCE_MODULUS if self.implicit else sequence
-
-    @property
-    def last(self) -> int:
-        return self.sequence(self.count - 1)
 
     def runs(self) -> list[tuple[str, int, int, int]]:
         """As the check's runs (`dedup.state.check_runs`): split where an implicit sequence

@@ -348,9 +348,11 @@ class DedupState:
             for c in checks
         ]
         persist = [] if acked is None else self._persist_calls(acked.updates, now_ms, acked.tokens)
-        replies = await self._run(
-            [*persist, *calls], self._note_partitions((c.topic, c.partition) for c in checks)
-        )
+        # A check under a recovery token is of a partition `load` has noted already (a
+        # token only exists once it ran, and state lost goes through it again): only an
+        # unguarded one notes its partition, which saves two commands a request.
+        unguarded = ((c.topic, c.partition) for c in checks if not c.token)
+        replies = await self._run([*persist, *calls], self._note_partitions(unguarded))
         if acked is not None:
             acked.lost = self._persisted_outcome(acked.tokens, replies[: len(persist)])
             replies = replies[len(persist) :]
@@ -452,7 +454,8 @@ class DedupState:
         recorded there, their state was lost."""
         tokens = tokens or [None] * len(updates)
         calls = self._persist_calls(updates, now_ms, tokens)
-        replies = await self._run(calls, self._note_partitions((t, p) for t, p, _ in updates))
+        unguarded = ((t, p) for (t, p, _), token in zip(updates, tokens, strict=True) if not token)
+        replies = await self._run(calls, self._note_partitions(unguarded))
         return self._persisted_outcome(tokens, replies)
 
     def _persist_calls(

@@ -324,7 +324,17 @@ ensure_images() {
     for path in pyproject.toml README.md proxy dedup; do
         cp -a "$ROOT/$path" "$build/proxy/$path"
     done
-    find "$build/proxy" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
+    find "$build/proxy" \( -name __pycache__ -o -name '*.egg-info' -o -name target \
+        -o -name '_records*.so' \) -prune -exec rm -rf {} +
+    # The wheel, with the Rust record scan (dedup._records), built here where cargo is: the
+    # image has no Rust toolchain (Debian's is too old for PyO3). Without cargo the image
+    # builds the wheel itself, and the proxy reads every batch in Python.
+    mkdir -p "$build/proxy/wheels"
+    if command -v cargo >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/cargo" ]; then
+        (export PATH="$PATH:$HOME/.cargo/bin" && quietly "$ROOT/.venv/bin/python" -m pip wheel \
+            --no-deps --no-build-isolation --wheel-dir "$build/proxy/wheels" "$ROOT") ||
+            say "the product's wheel did not build here: the image builds it, without Rust"
+    fi
     stage "$HERE/proxy" "$build/proxy/image"
     # The build stage installs from the package index pip uses here, trusting what it trusts
     # (a TLS-inspecting proxy's CA, say); neither reaches the final image.

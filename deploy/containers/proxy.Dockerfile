@@ -37,8 +37,12 @@ RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.tom
 COPY README.md ./
 COPY proxy ./proxy
 COPY dedup ./dedup
+# The wheel engine.sh built with the Rust record scan, when it could; else built here
+# (without it: no Rust toolchain in this image).
+COPY wheels /wheels
 RUN if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \
-    && /opt/dedup-proxy/bin/pip wheel --no-deps --wheel-dir /wheels . \
+    && if ! ls /wheels/*.whl >/dev/null 2>&1; then \
+        /opt/dedup-proxy/bin/pip wheel --no-deps --wheel-dir /wheels . ; fi \
     && /opt/dedup-proxy/bin/pip install --no-deps /wheels/*.whl \
     && /opt/dedup-proxy/bin/pip check \
     && /opt/dedup-proxy/bin/pip uninstall --yes pip setuptools

@@ -383,6 +383,32 @@ async def test_load_persisted_replaces_both_maps(state: DedupState) -> None:
     assert await state.producers("orders", 0) == {}
 
 
+async def test_a_recovered_partition_is_listed_and_its_checks_add_no_registry_command(
+    state: DedupState, client: redis.asyncio.Redis
+) -> None:
+    """The registry of partitions with state (`partitions`, `topics`) is written where a
+    partition's state is made: by its recovery, or by an unguarded check. A check or a
+    persist under the recovery token sends no SADD (two commands a Produce request)."""
+
+    async def sadds() -> int:
+        stats = await client.info("commandstats")
+        return int(stats.get("cmdstat_sadd", {}).get("calls", 0))
+
+    await state.load_recovered("orders", 3, {"p": (4, 500)}, "token-1", now_ms=900)
+    assert await state.partitions("orders") == [3]
+    assert "orders" in await state.topics()
+    before = await sadds()
+    checked = await state.check_and_push(
+        [PartitionCheck("orders", 3, [("p", 5), ("p", 6)], "token-1")], 1_000
+    )
+    assert checked[0].statuses == (NOT_DUP, NOT_DUP)
+    assert await state.mark_persisted([("orders", 3, {"p": 6})], 1_000, ["token-1"]) == []
+    assert await sadds() == before
+    await check(state, [("q", 1)], partition=4)  # unguarded: it notes its partition
+    assert await sadds() > before
+    assert await state.partitions("orders") == [3, 4]
+
+
 async def test_the_recovery_token_detects_a_flushed_or_replaced_state(
     state: DedupState, redis_port: int
 ) -> None:
