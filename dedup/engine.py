@@ -11,6 +11,8 @@ For one client Produce request:
    last data, as Kafka's broker does.
 3. One Redis round trip checks every partition (`dedup.state`): per record NOT_DUP
    (forward), DUP (drop), UNKNOWN (refuse the partition batch, nothing written, retriable).
+   Checks queued while one is on its way share the next round trip (`dedup.group_check`),
+   in the order of the line; their verdicts are judged in it too.
 4. The kept records are rebuilt as one batch per partition and written by the proxy's own
    idempotent producer (`dedup.writer`): written exactly once, or definitely not.
 5. Written: ``persisted`` rises. Not written: once the partition's writes in flight have
@@ -64,6 +66,7 @@ from dedup.batches import (
 )
 from dedup.bindings import ProducerBindings
 from dedup.chunks import ChunkMeta, ChunkProgress
+from dedup.group_check import GroupCheck
 from dedup.ownership.owner import Redirect
 from dedup.partitions import Key, PartitionState, _Ticket
 from dedup.persisted import PersistedRecorder
@@ -72,6 +75,7 @@ from dedup.ports import Clock, Owners, Policies, StateStore, Writer
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.state import (
     PartitionCheck,
+    PartitionVerdict,
     Persisted,
     RunIdentities,
     Status,
@@ -95,6 +99,10 @@ READ_IN_THREAD_BYTES = 256 << 10
 _ATTRIBUTES_LOW_BYTE = 22  # of a record batch: its compression codec in the low 3 bits
 
 
+# The partitions whose check is queued, and their verdicts to come (None: nothing checked).
+_Checking = tuple[list["_Work"], "asyncio.Future[list[PartitionVerdict]] | None"]
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionAnswer:
     error_code: int = 0
@@ -114,9 +122,19 @@ class Admission:
     principal: str | None = None  # the client's, when it authenticated (names bind to it)
     predecessors: list[asyncio.Future[None]] = field(default_factory=list)
     turns: list[asyncio.Future[None]] = field(default_factory=list)
+    # The same line, one step earlier: a request queues its check once the requests ahead
+    # of it queued theirs (`dedup.group_check`), before their verdicts are back.
+    queued_before: list[asyncio.Future[None]] = field(default_factory=list)
+    queued: list[asyncio.Future[None]] = field(default_factory=list)
     numbers: dict[Key, int] = field(default_factory=dict)  # its number in each partition's line
 
+    def checks_queued(self) -> None:
+        for queued in self.queued:
+            if not queued.done():
+                queued.set_result(None)
+
     def done(self) -> None:
+        self.checks_queued()
         for turn in self.turns:
             if not turn.done():
                 turn.set_result(None)
@@ -218,6 +236,7 @@ class DedupEngine:
         self._persisted = PersistedRecorder(
             state, on_lost=recoveries.state_lost, clock=clock, linger_s=persisted_linger_s
         )
+        self._group_check = GroupCheck(state, self._persisted, clock)
 
     async def flush_persisted(self) -> None:
         """Wait until every acknowledged sequence is recorded in Redis."""
@@ -247,6 +266,7 @@ class DedupEngine:
         ahead = state.last_in_line
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         state.last_in_line = turn
+        state.last_queued = turn  # no check of a later request may run before it either
         try:
             async with asyncio.timeout(timeout_s):
                 if ahead is not None:
@@ -316,9 +336,14 @@ class DedupEngine:
             gate = self._partitions.of(key)
             if gate.last_in_line is not None and not gate.last_in_line.done():
                 admission.predecessors.append(gate.last_in_line)
+            if gate.last_queued is not None and not gate.last_queued.done():
+                admission.queued_before.append(gate.last_queued)
             turn_done: asyncio.Future[None] = loop.create_future()
             gate.last_in_line = turn_done
             admission.turns.append(turn_done)
+            queued: asyncio.Future[None] = loop.create_future()
+            gate.last_queued = queued
+            admission.queued.append(queued)
             gate.admitted += 1
             admission.numbers[key] = gate.admitted
         return admission
@@ -343,13 +368,20 @@ class DedupEngine:
                     budget -= sum(max(b.decompressed_size, 0) for b in item.batches)
                 # Check and sequence assignment happen in arrival order per partition: a
                 # request checked later must never reach the log ahead of one that arrived
-                # earlier, or the earlier one's records would read as old duplicates.
-                for predecessor in admission.predecessors:
+                # earlier, or the earlier one's records would read as old duplicates. The
+                # checks queue in that order and share round trips (`dedup.group_check`);
+                # the verdicts are then judged, and the writes submitted, in it too.
+                for predecessor in admission.queued_before:
                     await predecessor
-                for item in work:
-                    item.in_turn = True
                 try:
-                    await self._check(work, admission.principal)
+                    checking = await self._queue_check(work, admission.principal)
+                finally:
+                    admission.checks_queued()
+                try:
+                    for predecessor in admission.predecessors:
+                        await predecessor
+                    self._take_turn(work)
+                    await self._judge(checking)
                     writes, submitted = await self._submit(work, broker, timeout_ms)
                 finally:
                     admission.done()
@@ -416,7 +448,9 @@ class DedupEngine:
 
     # ------------------------------------------------------------- 3. check
 
-    async def _check(self, work: list[_Work], principal: str | None = None) -> None:
+    async def _queue_check(self, work: list[_Work], principal: str | None = None) -> _Checking:
+        """Everything before the check (bindings, the partition's gate), then the check
+        queued (`dedup.group_check`): the verdicts come back later, to `_judge`."""
         if principal is not None and self._bindings is not None:
             await self._refuse_foreign_names(work, principal)
         to_check = [w for w in work if w.answer is None and w.mode is not Mode.DISABLED]
@@ -428,17 +462,26 @@ class DedupEngine:
         # Each identity list walks every record of the partition: build it once.
         pairs = [(w, check) for w in to_check if w.checked and (check := w.check()) is not None]
         if not pairs:
-            return
+            return [], None
         for item, check in pairs:
             item.checked_as = check
-        checked = [w for w, _ in pairs]
-        # Acknowledgements of these partitions not yet recorded go first, in the same round
-        # trip: a re-send of a record just acknowledged then reads as the duplicate it is.
-        acked = self._persisted.take({(c.topic, c.partition) for _, c in pairs})
+        return [w for w, _ in pairs], self._group_check.queue([c for _, c in pairs])
+
+    def _take_turn(self, work: list[_Work]) -> None:
+        """Every request ahead is submitted or refused: a retriable refusal of this one
+        (at the gate, before its turn) now refuses those behind it, as `_refuse` does."""
+        for item in work:
+            item.in_turn = True
+            if item.answer is not None and not item.behind and _retriable(item.answer.error_code):
+                self._refuse_behind(item)
+
+    async def _judge(self, checking: _Checking) -> None:
+        """The verdicts of the queued check, in the request's turn."""
+        checked, pending_verdicts = checking
+        if pending_verdicts is None:
+            return
         try:
-            verdicts = await self._state.check_and_push(
-                [c for _, c in pairs], self._clock.clock_ms(), acked
-            )
+            verdicts = await pending_verdicts
         except RedisError as exc:
             # The script may or may not have run: treat it like a failed write, so the
             # partition is reset (pushed := persisted) before anything else is accepted.
@@ -447,10 +490,17 @@ class DedupEngine:
                 self._fail(item)
                 self._refuse(item, _not_written("dedup state unavailable"))
             return
-        finally:
-            if acked is not None:
-                self._persisted.taken_done(acked)
         for item, verdict in zip(checked, verdicts, strict=True):
+            if item.number <= self._state_of(item).refuse_through:
+                # One ahead of it was refused after this check went out (serially it would
+                # have been refused at the gate): refused, and what its check pushed undone.
+                item.behind = True
+                if not verdict.lost:
+                    self._fail(item)
+                item.answer = _not_written(
+                    "an earlier request to this partition was not written; retry in order"
+                )
+                continue
             if verdict.lost:
                 self._recoveries.state_lost(item.topic, item.partition, item.token)
                 self._refuse(item, _recovering())
@@ -482,12 +532,13 @@ class DedupEngine:
                 continue
             if verdict.refused:
                 metrics.RECORDS.labels("unknown").inc(len(verdict.statuses))
-                state = self._state_of(item)
-                if state.pending == 1 and not state.cursor.unsettled:
-                    # Nothing of this partition is on its way from here, and no other
-                    # instance writes it: pushed is above persisted only through a check
-                    # whose caller gave up on it (timed out) and that ran later, after the
-                    # reset. Reset again, or the retry would read UNKNOWN for ever.
+                if not self._state_of(item).cursor.unsettled:
+                    # Nothing of this partition is on its way from here (the requests ahead
+                    # are submitted or refused; those behind are refused by this refusal),
+                    # and no other instance writes it: pushed is above persisted only
+                    # through a check whose caller gave up on it (timed out) and that ran
+                    # later, after the reset. Reset again once every check in flight has
+                    # its outcome, or the retry would read UNKNOWN for ever.
                     self._fail(item)
                 self._refuse(
                     item,

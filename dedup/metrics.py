@@ -9,6 +9,13 @@ RECORDS = Counter(
     "Records checked, by verdict (not_dup: forwarded, dup: dropped, unknown: refused)",
     ["verdict"],
 )
+CHECK_ROUND_TRIPS = Counter(
+    "dedup_check_round_trips_total",
+    "Redis round trips of the dedup check; Produce requests checked: dedup_checked_requests_total",
+)
+CHECKED_REQUESTS = Counter(
+    "dedup_checked_requests_total", "Produce requests whose check went to Redis"
+)
 BAD_INPUT = Counter(
     "dedup_bad_input_total", "Partition batches refused for bad input, by error", ["error"]
 )

@@ -68,6 +68,7 @@ class PartitionState:
     failed: bool = False  # a write failed: reset pushed once pending reaches 0
     open: asyncio.Event = field(default_factory=asyncio.Event)
     last_in_line: asyncio.Future[None] | None = None  # the latest admitted request's turn
+    last_queued: asyncio.Future[None] | None = None  # ... and when its check is queued
     admitted: int = 0  # requests admitted so far: the latest one's number in line
     # A request not written (retriable) refuses every request admitted before its answer
     # could reach the client: those were sent without knowing, and written they would

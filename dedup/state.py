@@ -102,6 +102,11 @@ SEQUENCE_MIN: Final = INT64_MIN
 SEQUENCE_MAX: Final = INT64_MAX
 
 
+# The script takes a run's sequences as Lua numbers only below this in magnitude (15 digits,
+# check.lua's `small`); a run that overlaps pushed with a larger end is answered "expand".
+_EXACT: Final = 10**15
+
+
 class Status(enum.IntEnum):
     """What the check says about one record."""
 
@@ -338,13 +343,12 @@ class DedupState:
         the batches as failed writes (`reset_pushed` once the partition's writes settle),
         and record `acked` again (recording is idempotent).
         """
-        # A partition named twice in one call gets no runs: its re-sent expansion would be
-        # checked after the later batch instead of before it.
+        # A partition named twice in one call (requests checked together, `group_check`)
+        # gets runs only if none can "expand": a re-sent expansion would be checked after
+        # the later batch instead of before it.
         named = Counter((c.topic, c.partition) for c in checks)
         calls = [
-            self._check_call(
-                c, self._runs_of(c) if named[(c.topic, c.partition)] == 1 else None, now_ms
-            )
+            self._check_call(c, self._runs_of(c, alone=named[(c.topic, c.partition)] == 1), now_ms)
             for c in checks
         ]
         persist = [] if acked is None else self._persist_calls(acked.updates, now_ms, acked.tokens)
@@ -400,11 +404,14 @@ class DedupState:
             if _text(reply[0]) not in ("lost", "expand"):
                 self._counted(check.token)
 
-    def _runs_of(self, check: PartitionCheck) -> list[Run] | None:
-        """The batch as runs (`check_runs`) when it goes to the script so, else None."""
+    def _runs_of(self, check: PartitionCheck, alone: bool = True) -> list[Run] | None:
+        """The batch as runs (`check_runs`) when it goes to the script so, else None. Not
+        `alone` in its call: only runs the script never answers "expand" to."""
         if check.chunks or self._check_encoding is CheckEncoding.RECORDS:
             return None
         runs = check_runs(check.identities)
+        if not alone and not all(first > -_EXACT and last < _EXACT for _, first, last, _ in runs):
+            return None
         # Four arguments per run against two per record: runs pay from two records a run.
         if self._check_encoding is CheckEncoding.RUNS or 2 * len(runs) <= len(check.identities):
             return runs

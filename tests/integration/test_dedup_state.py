@@ -37,6 +37,7 @@ from dedup.state import (
     PartitionCheck,
     PartitionVerdict,
     ProducerState,
+    RunIdentities,
     Script,
     Status,
     check_runs,
@@ -409,6 +410,28 @@ async def test_a_recovered_partition_is_listed_and_its_checks_add_no_registry_co
     assert await state.partitions("orders") == [3, 4]
 
 
+@pytest.mark.parametrize("base", [0, 10**15], ids=["runs", "beyond-exact-lua-numbers"])
+async def test_checks_of_one_partition_in_one_call_each_see_the_one_before(
+    state: DedupState, base: int
+) -> None:
+    """Requests checked together (`dedup.group_check`) name a partition several times in
+    one call: each check sees what the ones before it pushed, as if sent one by one. With
+    sequences a Lua number cannot hold exactly, a run overlapping pushed would be answered
+    "expand" and re-sent after the later check: such checks go record by record instead."""
+    (first,) = await state.check_and_push(
+        [PartitionCheck("orders", 7, RunIdentities([("p", base + 1, base + 3, 3)]))], 1_000
+    )
+    assert first.statuses == (NOT_DUP,) * 3
+    overlapping = RunIdentities([("p", base + 2, base + 5, 4)])  # 2, 3 pushed, not persisted
+    above = RunIdentities([("p", base + 4, base + 6, 3)])
+    a, b = await state.check_and_push(
+        [PartitionCheck("orders", 7, overlapping), PartitionCheck("orders", 7, above)], 1_001
+    )
+    assert a.statuses == (UNKNOWN, UNKNOWN, NOT_DUP, NOT_DUP) and a.refused, "pushes nothing"
+    assert b.statuses == (NOT_DUP,) * 3
+    assert (await state.producers("orders", 7))["p"].pushed == base + 6
+
+
 async def test_the_recovery_token_detects_a_flushed_or_replaced_state(
     state: DedupState, redis_port: int
 ) -> None:
@@ -779,11 +802,14 @@ async def test_auto_sends_runs_where_they_are_shorter(state: DedupState) -> None
     await check(state, [("a", 1), ("b", 1), ("a", 2), ("b", 2)])  # four runs of one
     await check(state, [("a", 3), ("a", 4), ("b", 3)])  # two runs: 8 arguments against 6
     await check(state, [("a", 5), ("a", 6), ("b", 4), ("b", 5)])  # two runs: 8 against 8
-    # A partition named twice in one call goes record by record: an expansion re-sent
-    # later would be checked after the second batch.
+    # A partition named twice in one call (requests checked together) goes by runs while
+    # no run can be answered "expand"; record by record beyond exact Lua numbers, since an
+    # expansion re-sent later would be checked after the second batch.
     twice = [PartitionCheck("orders", 0, seq("p", range(s, s + 10))) for s in (10, 20)]
     assert [v.statuses for v in await state.check_and_push(twice, 1)] == [(NOT_DUP,) * 10] * 2
-    assert strides == ["4", "2", "2", "4", "2", "2"]
+    huge = [PartitionCheck("orders", 0, seq("q", range(s, s + 10))) for s in (10**15, 2 * 10**15)]
+    assert [v.statuses for v in await state.check_and_push(huge, 1)] == [(NOT_DUP,) * 10] * 2
+    assert strides == ["4", "2", "2", "4", "4", "4", "2", "2"]
 
 
 async def test_a_run_overlapping_persisted_and_pushed_gets_the_per_record_statuses(

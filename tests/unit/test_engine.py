@@ -798,6 +798,56 @@ async def test_a_later_request_is_not_checked_while_an_earlier_one_waits_for_red
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
 
 
+async def test_checks_queued_while_one_waits_for_redis_share_the_next_round_trip() -> None:
+    """A client's pipelined requests are checked together in one round trip (each after the
+    one before it, as Redis runs a round trip's scripts in order) and written in order."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        calls_before = len(rig.state.now_ms)
+        slow_redis = asyncio.Event()
+        rig.state.hold_check = slow_redis
+        held = await rig.admit((P1, records("q", [0])))  # its round trip waits for Redis
+        await asyncio.sleep(0.05)
+        later = [await rig.admit((P0, records("p", [n, n + 1]))) for n in (1, 3, 5, 7)]
+        await asyncio.sleep(0.05)
+        slow_redis.set()
+        answers = [(await asyncio.wait_for(t, 5))[P0] for t in later]
+        assert (await held)[P1] == PartitionAnswer(base_offset=0)
+        assert len(rig.state.now_ms) - calls_before == 2, "one round trip for the four"
+        assert [a.base_offset for a in answers] == [1, 3, 5, 7]
+        assert rig.writer.log[P0] == in_order("p", range(9))
+
+
+async def test_a_refusal_refuses_the_requests_checked_with_it_and_undoes_their_push() -> None:
+    """Checked in the same round trip as a request that is then refused (retriable), a
+    later request is refused too (it was sent before that answer), and what its check
+    pushed is undone: the client's retry of it is written at once."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        await rig.settle()
+        answer_held = asyncio.Event()
+        rig.writer.script.append(Step(hold=answer_held))
+        first = await rig.admit((P0, records("p", [1])))
+        await asyncio.sleep(0.05)  # submitted, its answer held: p/1 pushed, not persisted
+        slow_redis = asyncio.Event()
+        rig.state.hold_check = slow_redis
+        held = await rig.admit((P1, records("q", [0])))
+        await asyncio.sleep(0.05)
+        resent = await rig.admit((P0, records("p", [1])))  # UNKNOWN: p/1 is in flight
+        after = await rig.admit((P0, records("p", [2])))  # NOT_DUP in the same round trip
+        await asyncio.sleep(0.05)
+        slow_redis.set()
+        assert (await asyncio.wait_for(held, 5))[P1] == PartitionAnswer(base_offset=0)
+        answer_held.set()
+        assert (await asyncio.wait_for(first, 5))[P0] == PartitionAnswer(base_offset=1)
+        assert retriable_not_written((await asyncio.wait_for(resent, 5))[P0])
+        assert retriable_not_written((await asyncio.wait_for(after, 5))[P0])
+        await rig.settle()
+        assert ok((await rig.send((P0, records("p", [1]))))[P0])  # a duplicate now
+        assert (await rig.send((P0, records("p", [2]))))[P0] == PartitionAnswer(base_offset=2)
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+
+
 # ----------------------------------------------------------------------------- failed writes
 
 
@@ -857,9 +907,11 @@ async def test_a_request_reaching_the_partition_after_an_earlier_one_failed_is_r
         assert rig.writer.log[P0] == in_order("p", range(5))
 
 
-async def test_a_failure_told_while_a_later_request_is_in_its_check_withdraws_that_one() -> None:
+async def test_a_failure_told_while_a_later_request_is_in_its_check_refuses_that_one() -> None:
     """The writer tells the failure before a later batch can take a sequence: the later
-    request, checked meanwhile, is withdrawn instead of reaching the log first."""
+    request, checked meanwhile, is refused when its verdict comes back (it never reaches
+    the writer, let alone the log ahead of the retry), and what its check pushed is
+    undone, so the retries are accepted."""
     async with running() as rig:
         await rig.send((P0, records("p", [0])))
         await rig.settle()
@@ -876,7 +928,9 @@ async def test_a_failure_told_while_a_later_request_is_in_its_check_withdraws_th
         slow_redis.set()
         answers = [await asyncio.wait_for(t, 5) for t in (first, second)]
         assert retriable_not_written(answers[0][P0]) and retriable_not_written(answers[1][P0])
-        assert rig.writer.withdrawn == [P0]
+        sent = [ids for submit in rig.writer.submitted for _, ids in submit]
+        assert sent == [in_order("p", [0]), in_order("p", [1])], "the second never got there"
+        assert rig.writer.withdrawn == []
         assert (await rig.send((P0, records("p", [1]))))[P0] == PartitionAnswer(base_offset=1)
         assert (await rig.send((P0, records("p", [2]))))[P0] == PartitionAnswer(base_offset=2)
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
