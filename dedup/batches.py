@@ -91,6 +91,19 @@ except ImportError:  # pragma: no cover - a machine without a Rust toolchain
 # batch is read record by record in Python: the same answers, several times slower.
 NATIVE_SCAN: Final = _native is not None
 
+
+class _NativeScan:
+    on = NATIVE_SCAN  # `use_native_scan`: built, and not switched off
+
+
+def use_native_scan(enabled: bool) -> bool:
+    """Switch the Rust scan on or off for this process (the `native_record_scan` setting:
+    the Python readers without a rebuild, should the scan ever be in doubt); whether it is
+    in use now (never when it is not built)."""
+    _NativeScan.on = enabled and NATIVE_SCAN
+    return _NativeScan.on
+
+
 HEADER_PRODUCER: Final = DEFAULT_PRODUCER_HEADER
 HEADER_SEQUENCE: Final = DEFAULT_SEQUENCE_HEADER
 
@@ -418,6 +431,20 @@ def _read_batch(
     return batch
 
 
+def _records_of(
+    codec: int, raw: bytes, body: bytes | memoryview | None = None
+) -> tuple[bytes, int] | None:
+    """A batch's records and where they start: the raw batch after its header, or its body
+    decompressed (`body`, when that is done already); None when it does not decompress."""
+    if codec == CODEC_NONE:
+        return raw, HEADER_SIZE
+    if body is None:
+        body = _decompressed(codec, memoryview(raw)[HEADER_SIZE:])
+        if body is None:
+            return None
+    return bytes(body), 0
+
+
 def _read_uniform(
     raw: bytes,
     names: IdentityHeaders,
@@ -435,6 +462,7 @@ def _read_uniform(
     codec = attributes & _CODEC_MASK
     if (
         _native is None
+        or not _NativeScan.on
         or codec not in CODEC_NAMES
         or attributes & (_CONTROL_MASK | _TRANSACTIONAL_MASK)
         or count <= 0
@@ -443,16 +471,12 @@ def _read_uniform(
         or _CHUNK_NAMES.intersection((names.producer, names.sequence))
     ):
         return None
-    if codec == CODEC_NONE:
-        data, start = raw, HEADER_SIZE
-    else:
-        if body is None:
-            if limits is not None:  # `_within_limits` found it does not decompress
-                return None
-            body = _decompressed(codec, memoryview(raw)[HEADER_SIZE:])
-            if body is None:
-                return None
-        data, start = bytes(body), 0
+    if body is None and codec != CODEC_NONE and limits is not None:
+        return None  # `_within_limits` found it does not decompress
+    records = _records_of(codec, raw, body)
+    if records is None:
+        return None
+    data, start = records
     size = -1 if limits is None else len(data) - start  # as `_read_compiled` reports it
     bounds = limits or _UNBOUNDED
     found = _native.scan(
@@ -1292,14 +1316,11 @@ def identity_records(batch: IncomingBatch, headers: IdentityHeaders = DEFAULT_HE
     run = batch.run
     if _native is None or run is None or not run.rewritable:
         raise ValueError("only a rewritable uniform batch is rewritten (BatchRun.rewritable)")
-    codec, raw = batch.compression, batch.raw
-    if codec == CODEC_NONE:
-        data, start = raw, HEADER_SIZE
-    else:
-        body = _decompressed(codec, memoryview(raw)[HEADER_SIZE:])
-        if body is None:
-            raise ValueError("the batch no longer decompresses")
-        data, start = bytes(body), 0
+    codec = batch.compression
+    found = _records_of(codec, batch.raw)
+    if found is None:
+        raise ValueError("the batch no longer decompresses")
+    data, start = found
     records: bytes = _native.with_identity_headers(
         data,
         start,

@@ -104,6 +104,12 @@ class DedupSettings(BaseSettings):
         "partition is refused (INVALID_RECORD), so that a forged huge sequence cannot make "
         "the producer's next records read as duplicates; 0: no bound (holes are allowed)",
     )
+    native_record_scan: bool = Field(
+        default=True,
+        description="read uniform batches with the Rust record scan (dedup._records) where "
+        "it is built; false: every batch is read by the Python readers (the same answers, "
+        "several times slower), without a rebuild",
+    )
     max_producers_per_partition: int = Field(default=10_000, gt=0)
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
     instance_id: str | None = Field(

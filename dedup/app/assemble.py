@@ -14,7 +14,7 @@ import structlog
 
 from dedup.admin_api import add_dedup_routes
 from dedup.app.settings import Settings
-from dedup.batches import NATIVE_SCAN
+from dedup.batches import use_native_scan
 from dedup.ownership.filters import ownership_filters
 from dedup.produce_filter import DedupProduceFilter
 from dedup.service import DedupService, UpstreamAccess
@@ -42,12 +42,14 @@ def assemble(settings: Settings) -> AssembledProxy:
     filters = standard_filters()
     if settings.pass_through:
         return AssembledProxy(ProxyServer(settings, cluster, FilterChain(filters)))
-    if not NATIVE_SCAN:
+    if not use_native_scan(settings.native_record_scan) and settings.native_record_scan:
         log.warning(
             "the Rust record scan (dedup._records) is not built: every batch is read record "
             "by record in Python, several times slower; build it with a Rust toolchain "
             "(deploy/setup.sh, or pip install with cargo on the PATH)"
         )
+    elif not settings.native_record_scan:
+        log.info("the Rust record scan is switched off (native_record_scan): Python readers")
     dedup = DedupService(
         settings,
         UpstreamAccess(

@@ -1269,6 +1269,26 @@ def test_the_rust_scan_is_built() -> None:
     assert batches.NATIVE_SCAN
 
 
+def test_the_rust_scan_can_be_switched_off_for_the_python_readers() -> None:
+    """`native_record_scan=false` (`use_native_scan`): the same batch reads the same, record
+    by record; switched on again, it is scanned whole again."""
+    plain = Plain(b"k", b"v", (), 0)
+    data = uniform_batch(
+        [plain] * 3, batches.CODEC_NONE, explicit=("p", 7), producer_id=1, base_sequence=0
+    )
+    (scanned,) = read_batches(data)
+    assert scanned.run is not None
+    try:
+        assert not batches.use_native_scan(False)
+        (read,) = read_batches(data)
+        assert read.run is None
+        assert [r.identity for r in read.records] == [r.identity for r in scanned.records]
+    finally:
+        assert batches.use_native_scan(True)
+    (again,) = read_batches(data)
+    assert again.run is not None
+
+
 @pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
 @CASES
 @given(
