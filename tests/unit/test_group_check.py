@@ -77,13 +77,21 @@ def group_of(state: RecordingState) -> tuple[GroupCheck, PersistedRecorder]:
     return GroupCheck(state, persisted, Clock()), persisted
 
 
-async def test_checks_queued_during_a_round_trip_go_together_in_the_next_in_order() -> None:
+async def under_way() -> tuple[
+    RecordingState, GroupCheck, asyncio.Event, asyncio.Future[list[PartitionVerdict]]
+]:
+    """A group whose first round trip (one check) is under way until the event is set."""
     held = asyncio.Event()
     state = RecordingState(hold=held)
     group, _ = group_of(state)
-    before = counted()
     first = group.queue([check(0, 1)])
-    await asyncio.sleep(0)  # its round trip is under way
+    await asyncio.sleep(0)
+    return state, group, held, first
+
+
+async def test_checks_queued_during_a_round_trip_go_together_in_the_next_in_order() -> None:
+    before = counted()
+    state, group, held, first = await under_way()
     later = [group.queue([check(0, 2, 3)]), group.queue([check(1, 1), check(0, 4)])]
     held.set()
     assert [len(v.statuses) for v in await first] == [1]
@@ -93,11 +101,7 @@ async def test_checks_queued_during_a_round_trip_go_together_in_the_next_in_orde
 
 
 async def test_every_caller_of_a_failed_round_trip_gets_its_error() -> None:
-    held = asyncio.Event()
-    state = RecordingState(hold=held)
-    group, _ = group_of(state)
-    first = group.queue([check(0, 1)])
-    await asyncio.sleep(0)
+    state, group, held, first = await under_way()
     state.fail = RedisConnectionError("lost")  # for the second round trip
     later = [group.queue([check(0, 2)]), group.queue([check(0, 3)])]
     held.set()
@@ -109,11 +113,7 @@ async def test_every_caller_of_a_failed_round_trip_gets_its_error() -> None:
 
 
 async def test_a_caller_that_gave_up_leaves_the_others_their_verdicts() -> None:
-    held = asyncio.Event()
-    state = RecordingState(hold=held)
-    group, _ = group_of(state)
-    first = group.queue([check(0, 1)])
-    await asyncio.sleep(0)
+    state, group, held, first = await under_way()
     gave_up, kept = group.queue([check(0, 2)]), group.queue([check(0, 3)])
     gave_up.cancel()
     held.set()
