@@ -251,7 +251,9 @@ class DedupEngine:
         return self._partitions
 
     async def close(self) -> None:
-        """Stop the resets under way (the next start recovers those partitions anyway)."""
+        """Stop the resets and the check under way (the next start recovers those
+        partitions anyway)."""
+        await self._group_check.close()
         for task in list(self._background):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

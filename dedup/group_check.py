@@ -21,6 +21,7 @@ duplicate it is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
 from dedup import metrics
@@ -50,6 +51,15 @@ class GroupCheck:
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_while_waiting())
         return verdicts
+
+    async def close(self) -> None:
+        """Stop: a round trip under way is abandoned, its callers and those queued are
+        cancelled (as on any shutdown, the next start recovers what they touched)."""
+        sender = self._sender
+        if sender is not None:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
 
     async def _send_while_waiting(self) -> None:
         group: list[_Waiting] = []

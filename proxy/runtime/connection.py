@@ -82,35 +82,6 @@ class _Pending:
     started: float = field(default_factory=time.perf_counter)
 
 
-class _AnswerLine:
-    """The answers to write, in the order of the requests (Kafka's rule); ``None`` ends it.
-    Answers that are ready together are taken together, to go out in one write."""
-
-    def __init__(self) -> None:
-        self._line: deque[_Pending | None] = deque()
-        self._added = asyncio.Event()
-
-    def put(self, pending: _Pending | None) -> None:
-        self._line.append(pending)
-        self._added.set()
-
-    async def next(self) -> _Pending | None:
-        while not self._line:
-            self._added.clear()
-            await self._added.wait()
-        return self._line.popleft()
-
-    def next_if_ready(self) -> _Pending | None:
-        """The next answer if it is there already (else None, and the line is unchanged)."""
-        if not self._line or self._line[0] is None:
-            return None
-        head = self._line[0]
-        answer = head.upstream if head.upstream is not None else head.local
-        if answer is None or not answer.done():
-            return None
-        return self._line.popleft()
-
-
 class ClientConnection:
     """Relays one client's requests to one upstream broker and the answers back."""
 
@@ -136,7 +107,7 @@ class ClientConnection:
         )
         self._settings = settings
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
-        self._answers = _AnswerLine()
+        self._answers: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._awaiting_upstream: deque[_Pending] = deque()
         self._draining = False
         self._request_task: asyncio.Task[None] | None = None
@@ -176,7 +147,7 @@ class ClientConnection:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if self._request_task in done and self._draining:
                 # Graceful shutdown: no new requests, but answer the ones already taken.
-                self._answers.put(None)
+                self._answers.put_nowait(None)
                 done, _ = await asyncio.wait(
                     {answer_task, upstream_task}, return_when=asyncio.FIRST_COMPLETED
                 )
@@ -235,7 +206,7 @@ class ClientConnection:
                     raise ClientClosedByFilter(decision.reason)
                 if not isinstance(decision, Forward):  # the filter answers the client itself
                     if expects_answer:
-                        self._answers.put(_Pending(header, None, decision.answer))
+                        self._answers.put_nowait(_Pending(header, None, decision.answer))
                     else:
                         decision.answer.add_done_callback(self._unanswered_done)
                     continue
@@ -243,7 +214,7 @@ class ClientConnection:
             if expects_answer:
                 pending = _Pending(header, asyncio.get_running_loop().create_future())
                 self._awaiting_upstream.append(pending)
-                self._answers.put(pending)
+                self._answers.put_nowait(pending)
             elif filtered:  # forwarded without an answer: Kafka's to handle
                 self._in_flight.release()
             # One call, one send: two writes cost two system calls per frame.
@@ -270,34 +241,25 @@ class ClientConnection:
     async def _send_answers(self) -> None:
         client = self._client_writer
         while True:
-            pending = await self._answers.next()
+            pending = await self._answers.get()
             if pending is None:
                 return
-            # The answers behind it that are ready too go in the same write: one system
-            # call for a client's pipelined requests answered together.
-            frames: list[bytes] = []
-            sent: list[tuple[_Pending, int]] = []
-            while pending is not None:
-                payload = await self._answer_payload(pending)
-                frames += (len(payload).to_bytes(4, "big"), payload)
-                sent.append((pending, len(payload)))
-                pending = self._answers.next_if_ready()
+            header = pending.header
+            if pending.upstream is not None:
+                payload = await self._chain.on_response(
+                    header, await pending.upstream, self._context
+                )
+            else:
+                assert pending.local is not None
+                payload = encode_response(header.correlation_id, await pending.local)
             if client.is_closing():
                 raise ConnectionResetError("client connection closed")
-            client.writelines(frames)
-            for answered, size in sent:
-                api = metrics.for_api(answered.header.api_key)
-                api.bytes_out.inc(size + 4)
-                api.seconds.observe(time.perf_counter() - answered.started)
-                self._in_flight.release()
+            client.writelines((len(payload).to_bytes(4, "big"), payload))
+            api = metrics.for_api(header.api_key)
+            api.bytes_out.inc(len(payload) + 4)
+            api.seconds.observe(time.perf_counter() - pending.started)
+            self._in_flight.release()
             await client.drain()
-
-    async def _answer_payload(self, pending: _Pending) -> bytes:
-        header = pending.header
-        if pending.upstream is not None:
-            return await self._chain.on_response(header, await pending.upstream, self._context)
-        assert pending.local is not None
-        return encode_response(header.correlation_id, await pending.local)
 
     def _unanswered_done(self, answer: asyncio.Future[ResponsePayload]) -> None:
         """A request the client expects no answer to (acks=0) is done: its slot is free."""

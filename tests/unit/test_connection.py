@@ -17,7 +17,6 @@ from kio.static.protocol import ResponsePayload
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.topology import Endpoint, Topology
 from proxy.kafka.upstream_client import encode_request
-from proxy.kafka.wire import RequestHeader
 from proxy.runtime.chain import (
     Close,
     FilterChain,
@@ -28,7 +27,7 @@ from proxy.runtime.chain import (
     Respond,
     encode_response,
 )
-from proxy.runtime.connection import ClientConnection, ConnectionSettings, _AnswerLine, _Pending
+from proxy.runtime.connection import ClientConnection, ConnectionSettings
 from tests.support.raw import explicit_batch, produce_request
 
 pytestmark = pytest.mark.unit
@@ -158,34 +157,6 @@ async def test_an_answer_made_later_still_goes_in_its_place() -> None:
         writer.write(framed(metadata_request(1)) + framed(metadata_request(2)))
         answers = [await read_framed(reader) for _ in range(2)]
     assert [int.from_bytes(a[:4], "big") for a in answers] == [1, 2]
-
-
-async def test_answers_ready_together_are_taken_together_in_order() -> None:
-    """`_AnswerLine`: behind the answer being written, those already made are taken for
-    the same write; one not made yet stops the taking (nothing behind it jumps the line),
-    and the end marker is left for `next`."""
-    loop = asyncio.get_running_loop()
-    header = RequestHeader(ApiKey.METADATA, 12, 1, "c", 0)
-
-    def answered(done: bool) -> _Pending:
-        answer: asyncio.Future[ResponsePayload] = loop.create_future()
-        if done:
-            answer.set_result(local_answer())
-        return _Pending(header, None, answer)
-
-    first, second, third, fourth = (answered(d) for d in (True, True, False, True))
-    line = _AnswerLine()
-    for pending in (first, second, third, fourth, None):
-        line.put(pending)
-    assert await line.next() is first
-    assert line.next_if_ready() is second
-    assert line.next_if_ready() is None, "the third is not made: the fourth waits behind it"
-    assert third.local is not None
-    third.local.set_result(local_answer())
-    assert line.next_if_ready() is third
-    assert line.next_if_ready() is fourth
-    assert line.next_if_ready() is None
-    assert await line.next() is None
 
 
 async def test_a_close_decision_closes_the_client_and_forwards_nothing() -> None:

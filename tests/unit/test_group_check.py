@@ -131,3 +131,11 @@ async def test_acknowledgements_of_the_round_trips_partitions_go_with_it() -> No
     (acked,) = state.acked_calls
     assert acked is not None
     assert [(topic, partition) for topic, partition, _ in acked.updates] == [("orders", 0)]
+
+
+async def test_closing_cancels_the_round_trip_under_way_and_the_checks_queued() -> None:
+    state, group, _, first = await under_way()
+    queued = group.queue([check(0, 2)])
+    await group.close()
+    assert first.cancelled() and queued.cancelled()
+    assert len(state.calls) == 1, "nothing more was sent"
