@@ -87,9 +87,11 @@ from importlib import resources
 from typing import Any, Final, overload
 
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from dedup.chunks import LAST, ChunkMeta, ChunkProgress
+from dedup.held_connection import HeldConnection
 from dedup.identity import INT64_MAX, INT64_MIN
 
 
@@ -314,6 +316,8 @@ class DedupState:
         if max_producers < 1:
             raise ValueError(f"max_producers must be at least 1: {max_producers}")
         self._redis = redis
+        # The hot path's round trips skip the pool's checkout (`dedup.held_connection`).
+        self._held = None if isinstance(redis, RedisCluster) else HeldConnection(redis)
         self._prefix = key_prefix
         self._max_producers = max_producers
         if max_sequence_jump < 0:
@@ -821,15 +825,11 @@ class DedupState:
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
         for attempt in range(2):
-            pipe = self._redis.pipeline(transaction=False)
-            for command in before:
-                pipe.execute_command(*command)
+            commands: list[Sequence[Any]] = list(before)
             for i in pending:
                 script, keys, args = calls[i]
-                # execute_command: a cluster pipeline blocks the evalsha method, not EVALSHA
-                # itself, which it routes by its keys' slot.
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            results = await pipe.execute(raise_on_error=False)
+                commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
+            results = await self._round_trip(commands)
             for result in results[: len(before)]:
                 if isinstance(result, Exception):
                     raise result
@@ -864,6 +864,18 @@ class DedupState:
                 await pipe.execute()
             pending = missing
         return replies
+
+    async def _round_trip(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Every command in one round trip (a non-transactional pipeline); an error reply is
+        its command's result."""
+        if self._held is not None and not self._held.busy:
+            return await self._held.round_trip(commands)
+        pipe = self._redis.pipeline(transaction=False)
+        for command in commands:
+            # execute_command: a cluster pipeline blocks the evalsha method, not EVALSHA
+            # itself, which it routes by its keys' slot.
+            pipe.execute_command(*command)
+        return await pipe.execute(raise_on_error=False)
 
 
 def _sequence(value: int) -> str:

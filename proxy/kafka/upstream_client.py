@@ -21,6 +21,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 from kio.serial import entity_writer
 from kio.static.primitive import i32
 
+from proxy.kafka.produce_codec import LEAN_PRODUCE_REQUEST, produce_request_v11_frame
 from proxy.kafka.sasl import Credentials, authenticate
 from proxy.kafka.schemas import decode_response_body, response_header_is_flexible
 from proxy.kafka.topology import Endpoint
@@ -36,6 +37,8 @@ class LinkClosed(ConnectionError):
 
 def encode_request(payload: Any, correlation_id: int, client_id: str = CLIENT_ID) -> bytes:
     """A whole request frame (size, header, body) for a kio request entity."""
+    if type(payload) is LEAN_PRODUCE_REQUEST:  # the writer's Produce: the same bytes, faster
+        return produce_request_v11_frame(payload, correlation_id, client_id)
     header_type = payload.__header_schema__
     header = header_type(
         request_api_key=payload.__api_key__,

@@ -25,9 +25,11 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from dedup.chunks import ChunkProgress
+from dedup.held_connection import HeldConnection
 from dedup.policies import Mode, PolicyStore
 from dedup.state import (
     SEQUENCE_MAX,
@@ -1130,3 +1132,77 @@ async def test_a_record_too_far_above_its_producers_last_is_refused(
     assert (await pair.check(seq("q", range(10**17, 10**17 + 3)))).statuses == (NOT_DUP,) * 3
     old = await pair.check([("p", 5)])  # pushed, not acknowledged: UNKNOWN, as without a bound
     assert old.statuses == (UNKNOWN,) and not old.jump
+
+
+# --- the held connection (dedup.held_connection) -------------------------------------------
+
+
+async def test_a_held_round_trip_gives_each_reply_in_order_an_error_as_its_result(
+    client: redis.asyncio.Redis,
+) -> None:
+    held = HeldConnection(client)
+    key = f"{fresh_prefix()}:k"
+    replies = await held.round_trip(
+        [("SET", key, "1"), ("EVALSHA", "0" * 40, 0), ("INCR", key), ("GET", key)]
+    )
+    assert replies[0] is True or replies[0] == b"OK"
+    assert isinstance(replies[1], NoScriptError)
+    assert replies[2:] == [2, b"2"]
+    assert not held.busy
+
+
+async def test_a_held_connection_redis_closed_is_opened_again_without_a_failure(
+    client: redis.asyncio.Redis,
+) -> None:
+    """As the pool's check would: a connection Redis dropped while idle (a restart, an idle
+    timeout) costs no round trip."""
+    held = HeldConnection(client)
+    name = f"held-{fresh_prefix()}"
+    assert await held.round_trip([("CLIENT", "SETNAME", name)]) == [b"OK"]
+    killed = await client.execute_command("CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal")
+    assert killed >= 1
+    await asyncio.sleep(0.1)  # the loop reads the connection's end
+    assert await held.round_trip([("PING",)]) == [b"PONG"]
+
+
+async def test_a_round_trip_cancelled_while_waiting_leaves_no_reply_for_the_next(
+    client: redis.asyncio.Redis,
+) -> None:
+    held = HeldConnection(client)
+    slow = asyncio.create_task(
+        held.round_trip(
+            [("EVAL", "local t = redis.call('TIME') return 'slow'", 0), ("DEBUG", "SLEEP", "0.3")]
+        )
+    )
+    await asyncio.sleep(0.1)
+    slow.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await slow
+    assert not held.busy
+    # The slow command's replies are still on their way: they must not answer this one.
+    assert await held.round_trip([("ECHO", "mine")]) == [b"mine"]
+
+
+async def test_checks_while_the_held_connection_is_busy_go_through_the_pool(
+    client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = DedupState(client, key_prefix=fresh_prefix())
+    pipelines = 0
+    pipeline = client.pipeline
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal pipelines
+        pipelines += 1
+        return pipeline(*args, **kwargs)
+
+    await check(state, [("p", 0)], topic="warm-up")  # the scripts loaded (through the pool)
+    monkeypatch.setattr(client, "pipeline", counted)
+    firsts = await asyncio.gather(
+        *(check(state, [("p", n)], topic="busy", partition=n) for n in range(5))
+    )
+    assert [v.statuses for v in firsts] == [(NOT_DUP,)] * 5
+    assert pipelines == 4  # the first took the held connection, the others the pool
+    # Each saw its own partition's state: a re-send (not yet acknowledged) is unknown.
+    again = await check(state, [("p", 3)], topic="busy", partition=3)
+    assert again.statuses == (UNKNOWN,)
+    assert pipelines == 4

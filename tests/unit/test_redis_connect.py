@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import hiredis
 import pytest
 import redis.asyncio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import SSLConnection
+from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedSSLConnection
 
 from dedup.redis_connect import redacted, redis_from_url
@@ -163,3 +168,60 @@ def test_a_bad_url_error_does_not_show_the_password(url: str) -> None:
         redis_from_url(url)
     assert "hunter2" not in str(raised.value)
     assert "***" in str(raised.value)
+
+
+# Arguments of the kinds the proxy's commands carry, and the kinds hiredis packs otherwise.
+_ARGUMENTS = st.one_of(
+    st.binary(max_size=64),
+    st.text(max_size=32),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.binary(max_size=16).map(memoryview),
+)
+_COMMAND_NAMES = st.sampled_from([b"EVALSHA", "EVALSHA", "CONFIG GET", b"SCRIPT LOAD", "GET"])
+
+
+def _packed_by(connection: Any, args: tuple[Any, ...]) -> bytes | type[Exception]:
+    try:
+        return b"".join(bytes(chunk) for chunk in connection.pack_command(*args))
+    except Exception as exc:  # both must refuse the same arguments
+        return type(exc)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6390", "rediss://h:6390", "unix:///tmp/r.sock", "redis+sentinel://h/p"],
+)
+@settings(max_examples=300, deadline=None)
+@given(name=_COMMAND_NAMES, args=st.lists(_ARGUMENTS, max_size=24))
+def test_commands_are_packed_to_the_bytes_redis_py_packs(
+    url: str, name: bytes | str, args: list[Any]
+) -> None:
+    client: Any = redis_from_url(url)
+    connection_class = client.connection_pool.connection_class
+    proxy_connection = connection_class(**client.connection_pool.connection_kwargs)
+    reference = Connection()
+    command = (name, *args)
+    assert _packed_by(proxy_connection, command) == _packed_by(reference, command)
+
+
+def test_the_proxy_connections_pack_with_hiredis(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a silent fallback: the scripts' usual arguments take the C packer, and a
+    cluster node's connections do too."""
+    packed: list[tuple[Any, ...]] = []
+    pack = hiredis.pack_command
+
+    def spy(args: tuple[Any, ...]) -> bytes:
+        packed.append(args)
+        return bytes(pack(args))
+
+    monkeypatch.setattr(hiredis, "pack_command", spy)
+    client: Any = redis_from_url("redis://127.0.0.1:6390")
+    connection = client.connection_pool.connection_class()
+    command = (b"EVALSHA", "a" * 40, 2, "key:1", b"\x00\xff", -7)
+    assert connection.pack_command(*command) == [pack(command)]
+    cluster: Any = redis_from_url("redis+cluster://127.0.0.1:7000")
+    node = next(iter(cluster.nodes_manager.startup_nodes.values()))
+    node.connection_class(host="127.0.0.1", port=7000).pack_command(b"GET", "k")
+    assert packed == [command, (b"GET", "k")]
