@@ -480,11 +480,10 @@ def parse_properties(text: str) -> dict[str, str]:
 def redis_config(
     port: int,
     data_dir: Path,
-    pid_file: Path,
     log_file: Path,
     extra: tuple[tuple[str, str], ...] = (),
 ) -> str:
-    """A private Redis: its own port, directory, pid and log files, AOF on; `extra` settings
+    """A private Redis: its own port, directory and log file, AOF on; `extra` settings
     after these (a replica's ``replicaof``, a cluster node's ``cluster-enabled``)."""
     settings = [
         ("bind", HOST),
@@ -494,7 +493,8 @@ def redis_config(
         ("daemonize", "no"),
         # Keep argv as started: the config path in it tells our redis from another one.
         ("set-proc-title", "no"),
-        ("pidfile", str(pid_file)),
+        # No ``pidfile``: the launcher writes the pid file (atomically). Redis would rewrite
+        # it by truncating first, and a look at it in that instant saw no process.
         ("logfile", str(log_file)),
         ("dir", str(data_dir)),
         ("appendonly", "yes"),
@@ -592,7 +592,6 @@ def sentinel_config(
     port: int,
     primary_port: int,
     work_dir: Path,
-    pid_file: Path,
     log_file: Path,
     extra: tuple[tuple[str, str], ...] = (),
 ) -> str:
@@ -604,7 +603,7 @@ def sentinel_config(
         ("port", str(port)),
         ("daemonize", "no"),
         ("set-proc-title", "no"),
-        ("pidfile", str(pid_file)),
+        # No ``pidfile``, as for a data node (see redis_config).
         ("logfile", str(log_file)),
         ("dir", str(work_dir)),
         ("sentinel monitor", f"{SENTINEL_MASTER} {HOST} {primary_port} {SENTINELS // 2 + 1}"),

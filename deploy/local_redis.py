@@ -334,7 +334,6 @@ class LocalRedis:
                 config.redis_config(
                     node.port,
                     data,
-                    node.process.pid_file,
                     node.log,
                     extra=(
                         *config.redis_node_settings(self.topology, self.port, node.index),
@@ -356,7 +355,6 @@ class LocalRedis:
                     sentinel.port,
                     self.port,
                     sentinel.directory,
-                    sentinel.process.pid_file,
                     sentinel.log,
                     extra=self.tls.server_settings(sentinel.port, sentinel=True)
                     if self.tls

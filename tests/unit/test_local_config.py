@@ -117,14 +117,14 @@ def test_cluster_id_looks_like_a_kafka_uuid() -> None:
 
 
 def test_redis_config_is_private_and_append_only() -> None:
-    text = config.redis_config(
-        16379, Path("/s/redis/data"), Path("/s/redis/redis.pid"), Path("/s/redis/redis.log")
-    )
+    text = config.redis_config(16379, Path("/s/redis/data"), Path("/s/redis/redis.log"))
     settings = dict(line.split(" ", 1) for line in text.splitlines())
     assert settings["bind"] == "127.0.0.1"
     assert settings["port"] == "16379"
     assert settings["dir"] == "/s/redis/data"
-    assert settings["pidfile"] == "/s/redis/redis.pid"
+    # The launcher owns the pid file: Redis truncating it to rewrite it made a running
+    # Redis look stopped for an instant.
+    assert "pidfile" not in settings
     assert settings["logfile"] == "/s/redis/redis.log"
     assert settings["appendonly"] == "yes"
     assert settings["daemonize"] == "no"
@@ -482,7 +482,6 @@ def test_redis_node_configs_per_topology(tmp_path: Path) -> None:
     replica = config.redis_config(
         16380,
         tmp_path,
-        tmp_path / "r.pid",
         tmp_path / "r.log",
         extra=config.redis_node_settings("sentinel", 16379, 1),
     )
@@ -490,7 +489,6 @@ def test_redis_node_configs_per_topology(tmp_path: Path) -> None:
     assert config.redis_node_settings("sentinel", 16379, 0) == ()
     cluster = dict(config.redis_node_settings("cluster", 16379, 3))
     assert cluster["cluster-enabled"] == "yes"
-    sentinel = config.sentinel_config(
-        16389, 16379, tmp_path, tmp_path / "s.pid", tmp_path / "s.log"
-    )
+    sentinel = config.sentinel_config(16389, 16379, tmp_path, tmp_path / "s.log")
     assert "sentinel monitor dedup 127.0.0.1 16379 2\n" in sentinel
+    assert "pidfile" not in sentinel
