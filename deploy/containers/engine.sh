@@ -111,8 +111,9 @@ start_engine() {
     fi
     local deadline=$((SECONDS + 60))
     until answers "unix://$SOCKET"; do
-        # dockerd writes its pid file early: once it has, its death ends the wait.
-        if [ "$SECONDS" -ge "$deadline" ] || { [ -f "$PID_FILE" ] && ! engine_running; }; then
+        # dockerd writes its pid file early: once it has, its death ends the wait. -s, not
+        # -f: the file exists, empty, for an instant while dockerd writes it.
+        if [ "$SECONDS" -ge "$deadline" ] || { [ -s "$PID_FILE" ] && ! engine_running; }; then
             tail -n 20 "$LOG" >&2 || true
             unavailable "dockerd did not come up (log: $LOG)"
         fi
