@@ -91,7 +91,8 @@ class DedupService:
             key_prefix=prefix,
             cache_s=settings.policy_cache_s,
         )
-        # One connection per broker for the proxy's own writes and its fencing.
+        # The proxy's own connections to the brokers, for its writes (a few per broker:
+        # `dedup.links`) and its fencing.
         self.links = UpstreamLinks(upstream.connect_timeout_s, upstream.security.link())
         kafka_config = upstream.security.librdkafka()
         incarnation = uuid.uuid4().hex
@@ -121,6 +122,7 @@ class DedupService:
             self.links.get,
             timeout_s=upstream.connect_timeout_s,
             ambiguous_give_up_s=settings.ambiguous_write_give_up_s,
+            lanes=settings.produce_connections_per_broker,
             may_write=lambda topic, partition: self.ownership.still_mine((topic, partition)),
         )
         servers = ",".join(upstream.bootstrap_servers)

@@ -134,6 +134,14 @@ class DedupSettings(BaseSettings):
     replay_timeout_s: float = Field(
         default=60.0, gt=0, description="a replay that makes no progress this long fails"
     )
+    produce_connections_per_broker: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="connections the proxy writes to each broker on; a partition stays on "
+        "one while it has writes in flight, the others take the least loaded, so one "
+        "client's huge request or a partition with slow followers does not hold the rest",
+    )
     placement: Literal["balanced", "sidecar"] = Field(
         default="balanced",
         description="who owns each partition's dedup: spread over the live instances "

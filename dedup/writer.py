@@ -16,6 +16,11 @@ gives one of those two answers, or until ``ambiguous_give_up_s``: then the resul
 ``unresolved`` and the caller must fence the partition and recover it from the log
 (`fence`), since only the log can say what happened.
 
+A broker is written on up to ``lanes`` connections (`dedup.links` says why). A partition
+stays on one lane while it has batches in flight, so Kafka sees them in sequence order; a
+partition with none in flight takes the lane with the fewest bytes in flight, and a request
+whose partitions sit on several lanes goes out as one Produce request per lane.
+
 The producer id comes from `dedup.fencing.Fencer` (a transactional id per proxy instance),
 so a restarted proxy can fence every write its previous incarnation left in flight. The
 fencer and the connections to the brokers are given (`ProducerIds`, `LinkFactory`): the
@@ -146,6 +151,14 @@ class _Partition:
     rewind_to: int | None = None  # first sequence that failed while later ones were in flight
     needs_new_producer: bool = False
     switch_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lane: int = 0  # the connection its batches go on; changes only when none is in flight
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """One Produce request of a `submit`: its answer (None: the send itself failed)."""
+
+    answer: asyncio.Future[Any] | None
 
 
 LeaderLookup = Callable[[str, int], Awaitable[Endpoint | None]]
@@ -165,7 +178,8 @@ class ProduceLink(Protocol):
     def send(self, payload: Any) -> asyncio.Future[Any]: ...
 
 
-LinkFactory = Callable[[Endpoint], Awaitable[ProduceLink]]
+LinkFactory = Callable[[Endpoint, int], Awaitable[ProduceLink]]
+"""(broker, lane) -> an open connection (`dedup.links.UpstreamLinks.get`)."""
 
 
 class IdempotentWriter:
@@ -179,7 +193,10 @@ class IdempotentWriter:
         retry_backoff_s: float = 0.2,
         ambiguous_give_up_s: float = 120.0,
         may_write: Callable[[str, int], Awaitable[bool]] | None = None,
+        lanes: int = 1,
     ) -> None:
+        if lanes < 1:
+            raise ValueError(f"lanes must be at least 1: {lanes}")
         self._leader_of = leader_of
         # Asked before a partition's first batch under a new producer epoch: does this
         # instance still own the partition? A new owner fences this instance's older
@@ -193,6 +210,8 @@ class IdempotentWriter:
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._producer: _Producer | None = None
         self._producer_lock = asyncio.Lock()
+        self._lanes = lanes
+        self._lane_bytes: dict[tuple[Endpoint, int], int] = {}  # bytes sent, not answered
 
     # ---------------------------------------------------------------- writing
 
@@ -227,7 +246,14 @@ class IdempotentWriter:
             for n, partition in enumerate(partitions):
                 if not await self._ensure_producer(partition, keys[ordered[n]]):
                     refused.add(n)
-            link = await self._connect(broker)
+            links: dict[int, ProduceLink] = {}
+            while True:  # the lanes, once every one they name is connected
+                lanes = self._lanes_of(broker, partitions)
+                missing = sorted(set(lanes) - links.keys())
+                if not missing:
+                    break
+                for lane in missing:
+                    links[lane] = await self._connect(broker, lane)
             # From here to send() nothing awaits: sequences are assigned in wire order.
             # Every batch is built before any takes its sequence, so one that fails to
             # build leaves nothing half assigned.
@@ -237,31 +263,66 @@ class IdempotentWriter:
                 else self._plan(partitions[n], batches[i])
                 for n, i in enumerate(ordered)
             ]
-            request = self._produce_request(
-                [
-                    (batches[i], data)
-                    for i, (_, data) in zip(ordered, planned, strict=True)
-                    if data is not None
-                ],
-                timeout_ms,
-            )
+            by_lane: dict[int, list[tuple[BatchToWrite, bytes]]] = {}
+            for n, (i, (_, data)) in enumerate(zip(ordered, planned, strict=True)):
+                if data is not None:
+                    by_lane.setdefault(lanes[n], []).append((batches[i], data))
+            requests = {
+                lane: self._produce_request(items, timeout_ms) for lane, items in by_lane.items()
+            }
         except BaseException:
             for partition in acquired:
                 partition.slots.release()
             raise
-        entries = [
-            None if data is None else self._assign(partitions[n], batches[i], sequence, data)
-            for n, (i, (sequence, data)) in enumerate(zip(ordered, planned, strict=True))
+        entries: list[_InFlight | None] = []
+        for n, (i, (sequence, data)) in enumerate(zip(ordered, planned, strict=True)):
+            if data is None:
+                entries.append(None)
+                continue
+            partitions[n].lane = lanes[n]
+            entries.append(self._assign(partitions[n], batches[i], sequence, data))
+        sent = [
+            self._send(links[lane], broker, lane, request, by_lane[lane])
+            for lane, request in requests.items()
+            if request is not None
         ]
-        answer: asyncio.Future[Any] | None = None
-        if request is not None:
-            try:
-                answer = link.send(request)
-            except Exception:  # LinkClosed above all: maybe sent, maybe not
-                answer = None  # resolved like any ambiguous write
         return asyncio.ensure_future(
-            self._complete(batches, ordered, partitions, entries, answer, timeout_ms)
+            self._complete(batches, ordered, partitions, entries, sent, timeout_ms)
         )
+
+    def _lanes_of(self, broker: Endpoint, partitions: Sequence[_Partition]) -> list[int]:
+        """The lane of each partition: its own while it has batches in flight; for the
+        others, the lane of the first that has, else the broker's least loaded lane (one
+        request, where the partitions allow)."""
+        pinned = [partition.lane for partition in partitions if partition.in_flight]
+        if pinned:
+            free = pinned[0]
+        else:
+            free = min(range(self._lanes), key=lambda lane: self._lane_bytes.get((broker, lane), 0))
+        return [partition.lane if partition.in_flight else free for partition in partitions]
+
+    def _send(
+        self,
+        link: ProduceLink,
+        broker: Endpoint,
+        lane: int,
+        request: produce_request.ProduceRequest,
+        items: Sequence[tuple[BatchToWrite, bytes]],
+    ) -> _Sent:
+        """Send one Produce request; its bytes count on the lane until it is answered."""
+        try:
+            answer = link.send(request)
+        except Exception:  # LinkClosed above all: maybe sent, maybe not
+            return _Sent(None)  # resolved like any ambiguous write
+        key = (broker, lane)
+        size = sum(len(data) for _, data in items)
+        self._lane_bytes[key] = self._lane_bytes.get(key, 0) + size
+
+        def answered(_: asyncio.Future[Any]) -> None:
+            self._lane_bytes[key] -= size
+
+        answer.add_done_callback(answered)
+        return _Sent(answer)
 
     async def _complete(
         self,
@@ -269,27 +330,44 @@ class IdempotentWriter:
         ordered: list[int],
         partitions: list[_Partition],
         entries: list[_InFlight | None],
-        answer: asyncio.Future[Any] | None,
+        sent: Sequence[_Sent],
         timeout_ms: int,
     ) -> list[WriteResult]:
         try:
-            try:
-                results = None if answer is None else await self._await_answer(answer, timeout_ms)
-            except Exception:  # an answer that cannot be read says nothing: re-send
-                log.exception("reading a produce answer failed; resolving as ambiguous")
-                results = None
+            # A partition left out of `results` is re-sent. One request is the usual case:
+            # no gather (a task per answer) for it.
+            if len(sent) == 1:
+                results = await self._read_answer(sent[0].answer, timeout_ms)
+            else:
+                results = {}
+                for answered in await asyncio.gather(
+                    *(self._read_answer(request.answer, timeout_ms) for request in sent)
+                ):
+                    results.update(answered)
             outcomes: dict[int, WriteResult] = {}
             for n, i in enumerate(ordered):
                 batch, entry = batches[i], entries[n]
                 if entry is None:
                     outcomes[i] = WITHDRAWN
                     continue
-                outcome = results.get((batch.topic, batch.partition)) if results else None
+                outcome = results.get((batch.topic, batch.partition))
                 outcomes[i] = await self._settle_safely(batch, partitions[n], entry, outcome)
             return [outcomes[i] for i in range(len(batches))]
         finally:
             for partition in partitions:
                 partition.slots.release()
+
+    async def _read_answer(
+        self, answer: asyncio.Future[Any] | None, timeout_ms: int
+    ) -> dict[tuple[str, int], WriteResult]:
+        """`_await_answer`, with nothing for a request whose fate is unknown."""
+        if answer is None:
+            return {}
+        try:
+            return await self._await_answer(answer, timeout_ms) or {}
+        except Exception:  # an answer that cannot be read says nothing: re-send
+            log.exception("reading a produce answer failed; resolving as ambiguous")
+            return {}
 
     async def _settle_safely(
         self,
@@ -414,7 +492,7 @@ class IdempotentWriter:
             if leader is None:
                 continue
             try:
-                link = await self._connect(leader)
+                link = await self._connect(leader, partition.lane)  # in flight: its lane
                 single = self._produce_request([(batch, entry.batch)], int(self._timeout_s * 1000))
                 assert single is not None
                 results = await self._await_answer(link.send(single), int(self._timeout_s * 1000))

@@ -119,7 +119,7 @@ def scripted_writer(
     async def leader_of(topic: str, partition: int) -> Endpoint | None:
         return leader()
 
-    async def connect(endpoint: Endpoint) -> FakeLink:
+    async def connect(endpoint: Endpoint, lane: int) -> FakeLink:
         return link
 
     return IdempotentWriter(
@@ -399,3 +399,98 @@ def test_an_error_code_unknown_to_kio_is_resolved_by_resending_not_left_hanging(
     result, sends = run(scenario())
     assert result.written
     assert sends == 2
+
+
+def laned_writer(links: list[FakeLink]) -> IdempotentWriter:
+    """A writer with one fake connection per lane; producer ids come from lane 0's."""
+
+    async def leader_of(topic: str, partition: int) -> Endpoint | None:
+        return BROKER
+
+    async def connect(endpoint: Endpoint, lane: int) -> FakeLink:
+        return links[lane]
+
+    return IdempotentWriter(
+        leader_of,
+        FakeFencer(links[0]),
+        connect,
+        timeout_s=1.0,
+        retry_backoff_s=0.001,
+        lanes=len(links),
+    )
+
+
+def partitions_sent(link: FakeLink) -> list[tuple[int, int]]:
+    """(producer id, sequence) of each batch the link carried."""
+    return [(producer, sequence) for producer, sequence, _ in link.sent]
+
+
+def test_a_partition_keeps_its_lane_while_in_flight_and_the_others_take_the_least_loaded() -> None:
+    async def scenario() -> list[FakeLink]:
+        links = [FakeLink(script=deque([HOLD, HOLD, HOLD])), FakeLink(), FakeLink()]
+        writer = laned_writer(links)
+        first = await writer.submit(BROKER, [batch(10, partition=0)], 1000)  # held on lane 0
+        # Partition 0 has a batch in flight on lane 0: its next one follows it there,
+        # although lanes 1 and 2 carry nothing.
+        second = await writer.submit(BROKER, [batch(5, partition=0)], 1000)
+        # Partition 1 has nothing in flight: it takes the least loaded lane.
+        await writer.write(BROKER, [batch(3, partition=1)], 1000)
+        links[0].answer_held(0)
+        links[0].answer_held(0)
+        assert all(r.written for r in [*(await first), *(await second)])
+        # Partition 2 goes where lane 0 is loaded; partition 0, with nothing in flight
+        # any more, may leave lane 0 now.
+        third = await writer.submit(BROKER, [batch(1, partition=2)], 1000)
+        await writer.write(BROKER, [batch(2, partition=0)], 1000)
+        links[0].answer_held(0)
+        assert (await third)[0].written
+        return links
+
+    lane0, lane1, lane2 = run(scenario())
+    assert partitions_sent(lane0) == [(100, 0), (100, 10), (100, 0)]  # p0, p0, p2
+    assert partitions_sent(lane1) == [(100, 0), (100, 15)]  # p1, then p0 moved
+    assert lane2.sent == []
+
+
+def test_a_request_whose_partitions_sit_on_two_lanes_goes_as_one_request_per_lane() -> None:
+    async def scenario() -> tuple[list[WriteResult], list[FakeLink]]:
+        links = [FakeLink(script=deque([HOLD, HOLD])), FakeLink(script=deque([HOLD, HOLD]))]
+        writer = laned_writer(links)
+        held = [
+            await writer.submit(BROKER, [batch(10, partition=0)], 1000),  # lane 0
+            await writer.submit(BROKER, [batch(20, partition=1)], 1000),  # lane 1: less loaded
+        ]
+        both = await writer.submit(BROKER, [batch(1, partition=0), batch(2, partition=1)], 1000)
+        for link in links:
+            link.answer_held(0)
+            link.answer_held(0)
+        for future in held:
+            await future
+        return await both, links
+
+    results, (lane0, lane1) = run(scenario())
+    assert [r.written for r in results] == [True, True]
+    assert partitions_sent(lane0) == [(100, 0), (100, 10)], "partition 0, in order"
+    assert partitions_sent(lane1) == [(100, 0), (100, 20)], "partition 1, in order"
+
+
+def test_an_ambiguous_write_is_resent_on_its_partitions_lane() -> None:
+    async def scenario() -> tuple[WriteResult, list[FakeLink]]:
+        links = [FakeLink(script=deque([HOLD])), FakeLink(script=deque([DROP, 0]))]
+        writer = laned_writer(links)
+        held = await writer.submit(BROKER, [batch(10, partition=0)], 1000)  # loads lane 0
+        (result,) = await writer.write(BROKER, [batch(5, partition=1)], 1000)  # lane 1, cut
+        links[0].answer_held(0)
+        await held
+        return result, links
+
+    result, (lane0, lane1) = run(scenario())
+    assert result.written
+    assert partitions_sent(lane0) == [(100, 0)]
+    assert partitions_sent(lane1) == [(100, 0), (100, 0)], "the re-send stays on lane 1"
+
+
+def test_lanes_must_be_at_least_one() -> None:
+    link = FakeLink()
+    with pytest.raises(ValueError, match="lanes"):
+        IdempotentWriter(lambda t, p: BROKER, FakeFencer(link), lambda e, lane: link, lanes=0)  # type: ignore[arg-type,return-value]
