@@ -4,6 +4,11 @@ Client traffic never goes through here: this is what the proxy itself asks (meta
 refresh, and the idempotent writer's InitProducerId and Produce requests). Requests are
 pipelined on one connection; Kafka answers them in order, so a FIFO of futures matches
 each answer to its request.
+
+A Produce request carrying `QUEUED_FROM_BYTES` of records or more is framed in a worker
+thread and written in pieces, and the requests sent after it wait for it: framing and
+writing 32 MB at once held the event loop (and so every other connection of the proxy)
+for some 30 ms. Requests keep their order on the wire either way.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 from kio.serial import entity_writer
 from kio.static.primitive import i32
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.produce_codec import LEAN_PRODUCE_REQUEST, produce_request_v11_frame
 from proxy.kafka.sasl import Credentials, authenticate
 from proxy.kafka.schemas import decode_response_body, response_header_is_flexible
@@ -29,6 +35,8 @@ from proxy.kafka.wire import FrameError, correlation_id_of, read_frame, response
 
 CLIENT_ID = "dedup-proxy"
 _MAX_RESPONSE_BYTES = 1 << 30
+QUEUED_FROM_BYTES = 1 << 20
+_PIECE_BYTES = 1 << 20  # what one write of a queued request hands the transport
 
 
 class LinkClosed(ConnectionError):
@@ -73,7 +81,11 @@ class UpstreamClient:
     """One connection to one broker with pipelined kio requests."""
 
     def __init__(
-        self, endpoint: Endpoint, timeout_s: float, security: LinkSecurity = PLAINTEXT
+        self,
+        endpoint: Endpoint,
+        timeout_s: float,
+        security: LinkSecurity = PLAINTEXT,
+        queued_from_bytes: int = QUEUED_FROM_BYTES,
     ) -> None:
         self.endpoint = endpoint
         self._timeout_s = timeout_s
@@ -83,6 +95,9 @@ class UpstreamClient:
         self._waiting: deque[tuple[int, Any, asyncio.Future[Any]]] = deque()
         self._correlation = itertools.count(1)
         self._closed: BaseException | None = None
+        self._queued_from = queued_from_bytes
+        self._queued: deque[tuple[Any, int]] = deque()  # (payload, correlation id)
+        self._queue_task: asyncio.Task[None] | None = None
 
     async def connect(self) -> UpstreamClient:
         # asyncio.timeout, not wait_for, here and below: on Python 3.11 wait_for loses a
@@ -112,19 +127,54 @@ class UpstreamClient:
         self._fail_all(LinkClosed(f"connection to {self.endpoint} closed"))
         if self._reader_task is not None:
             self._reader_task.cancel()
+        if self._queue_task is not None:
+            self._queue_task.cancel()
+        self._queued.clear()
         if self._writer is not None:
             self._writer.close()
 
     def send(self, payload: Any) -> asyncio.Future[Any]:
-        """Write a request now (synchronously, so callers control the order on the wire)
-        and return the future of its decoded answer."""
+        """Send a request, its place on the wire taken now (synchronously, so callers
+        control the order), and return the future of its decoded answer. A large Produce
+        request, and whatever is sent while it is being written, is written by a task."""
         if self._writer is None or self._closed is not None:
             raise LinkClosed(f"connection to {self.endpoint} is closed")
         correlation_id = next(self._correlation)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((correlation_id, payload, answer))
-        self._writer.write(encode_request(payload, correlation_id))
+        if self._queued or _records_bytes(payload) >= self._queued_from:
+            self._queued.append((payload, correlation_id))
+            if self._queue_task is None:
+                self._queue_task = asyncio.create_task(self._write_queued())
+        else:
+            self._writer.write(encode_request(payload, correlation_id))
         return answer
+
+    async def _write_queued(self) -> None:
+        """Write the queued requests in order; a large one framed in a worker thread and
+        handed to the transport a piece at a time, as the socket takes them."""
+        writer = self._writer
+        assert writer is not None
+        try:
+            while self._queued:
+                payload, correlation_id = self._queued[0]
+                if _records_bytes(payload) >= self._queued_from:
+                    data = await asyncio.to_thread(encode_request, payload, correlation_id)
+                    view = memoryview(data)
+                    for start in range(0, len(view), _PIECE_BYTES):
+                        writer.write(view[start : start + _PIECE_BYTES])
+                        await writer.drain()
+                else:
+                    writer.write(encode_request(payload, correlation_id))
+                self._queued.popleft()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the link cannot go on: a later request would be misread
+            self._fail_all(LinkClosed(f"writing to {self.endpoint} failed: {exc!r}"))
+            self._queued.clear()
+            writer.close()
+        finally:
+            self._queue_task = None
 
     async def request(self, payload: Any) -> Any:
         answer = self.send(payload)
@@ -163,6 +213,16 @@ class UpstreamClient:
             if not answer.done():
                 answer.set_exception(error)
                 answer.exception()  # retrieved: a waiter that gave up must not warn
+
+
+def _records_bytes(payload: Any) -> int:
+    """The record bytes a Produce request carries (0 for any other request)."""
+    topics = getattr(payload, "topic_data", None) if payload.__api_key__ == ApiKey.PRODUCE else None
+    if not topics:
+        return 0
+    return sum(
+        len(part.records) for topic in topics for part in topic.partition_data if part.records
+    )
 
 
 async def open_upstream(

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import datetime
 import io
+import threading
+from typing import Any
 
 import kio.schema.request_header.v1.header as header_v1
 import kio.schema.request_header.v2.header as header_v2
@@ -84,16 +86,65 @@ def test_frames_round_trip_whatever_the_chunking(payloads: list[bytes], cuts: li
     assert asyncio.run(read_all()) == payloads
 
 
-@given(payload=st.binary(min_size=1, max_size=50), cut=st.integers(1, 53))
-def test_truncated_frame_is_a_frame_error_not_an_end(payload: bytes, cut: int) -> None:
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=5),
+    cuts=st.lists(st.integers(0, 10_000), max_size=8),
+    piecewise_from=st.integers(1, 64),
+)
+def test_large_frames_read_in_pieces_round_trip_whatever_the_chunking(
+    payloads: list[bytes], cuts: list[int], piecewise_from: int
+) -> None:
+    stream = b"".join(frame(p) for p in payloads)
+
+    async def read_all() -> list[bytes]:
+        reader = feed(split_at(stream, cuts))
+        out = []
+        while (payload := await read_frame(reader, 1000, piecewise_from)) is not None:
+            assert isinstance(payload, bytes)
+            out.append(payload)
+        return out
+
+    assert asyncio.run(read_all()) == payloads
+
+
+@given(
+    payload=st.binary(min_size=1, max_size=50),
+    cut=st.integers(1, 53),
+    piecewise_from=st.sampled_from([1, 8, 10_000]),
+)
+def test_truncated_frame_is_a_frame_error_not_an_end(
+    payload: bytes, cut: int, piecewise_from: int
+) -> None:
     data = frame(payload)
     cut = min(cut, len(data) - 1)
 
     async def read() -> bytes | None:
-        return await read_frame(feed([data[:cut]]), 1000)
+        return await read_frame(feed([data[:cut]]), 1000, piecewise_from)
 
     with pytest.raises(FrameError):
         asyncio.run(read())
+
+
+def test_a_frame_read_in_pieces_is_joined_off_the_event_loop() -> None:
+    payload = bytes(range(256)) * 64
+    main = threading.get_ident()
+    joined_in: list[int] = []
+    real_to_thread = asyncio.to_thread
+
+    async def spy(func: Any, *args: Any) -> Any:
+        def recorded() -> Any:
+            joined_in.append(threading.get_ident())
+            return func(*args)
+
+        return await real_to_thread(recorded)
+
+    async def read() -> bytes | None:
+        return await read_frame(feed(split_at(frame(payload), [100, 5000, 9000])), 1 << 20, 1024)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(asyncio, "to_thread", spy)
+        assert asyncio.run(read()) == payload
+    assert len(joined_in) == 1 and joined_in[0] != main, "joined once, in a worker thread"
 
 
 def test_oversize_and_negative_frames_are_refused_before_reading_them() -> None:
