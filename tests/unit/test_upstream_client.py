@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import threading
-from typing import Any
 
 import kio.schema.produce.v11.request as produce_v11
 import pytest
@@ -18,6 +17,7 @@ from proxy.kafka import upstream_client
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import LinkClosed, UpstreamClient, encode_request
 from proxy.kafka.wire import read_frame
+from tests.support.threads import record_to_thread
 
 pytestmark = pytest.mark.unit
 
@@ -83,17 +83,7 @@ def test_large_requests_are_framed_in_a_thread_and_keep_their_place_on_the_wire(
 ) -> None:
     # Pieces of 7 bytes: a large request goes to the transport in many writes.
     monkeypatch.setattr(upstream_client, "_PIECE_BYTES", 7)
-    framed_in: list[int] = []
-    real_to_thread = asyncio.to_thread
-
-    async def spy(func: Any, *args: Any) -> Any:
-        def recorded() -> Any:
-            framed_in.append(threading.get_ident())
-            return func(*args)
-
-        return await real_to_thread(recorded)
-
-    monkeypatch.setattr(asyncio, "to_thread", spy)
+    framed_in = record_to_thread(monkeypatch)
     payloads = [
         produce(b"L" * 5000),  # queued
         produce(b"s" * 10),  # behind it: queued too, though small

@@ -7,7 +7,6 @@ import contextlib
 import datetime
 import io
 import threading
-from typing import Any
 
 import kio.schema.request_header.v1.header as header_v1
 import kio.schema.request_header.v2.header as header_v2
@@ -28,6 +27,7 @@ from proxy.kafka.wire import (
     read_frame,
     response_body_start,
 )
+from tests.support.threads import record_to_thread
 
 pytestmark = pytest.mark.unit
 
@@ -125,25 +125,17 @@ def test_truncated_frame_is_a_frame_error_not_an_end(
         asyncio.run(read())
 
 
-def test_a_frame_read_in_pieces_is_joined_off_the_event_loop() -> None:
+def test_a_frame_read_in_pieces_is_joined_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     payload = bytes(range(256)) * 64
     main = threading.get_ident()
-    joined_in: list[int] = []
-    real_to_thread = asyncio.to_thread
-
-    async def spy(func: Any, *args: Any) -> Any:
-        def recorded() -> Any:
-            joined_in.append(threading.get_ident())
-            return func(*args)
-
-        return await real_to_thread(recorded)
+    joined_in = record_to_thread(monkeypatch)
 
     async def read() -> bytes | None:
         return await read_frame(feed(split_at(frame(payload), [100, 5000, 9000])), 1 << 20, 1024)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(asyncio, "to_thread", spy)
-        assert asyncio.run(read()) == payload
+    assert asyncio.run(read()) == payload
     assert len(joined_in) == 1 and joined_in[0] != main, "joined once, in a worker thread"
 
 
