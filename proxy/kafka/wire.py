@@ -75,14 +75,24 @@ async def read_frame(
 
 
 async def _read_in_pieces(reader: asyncio.StreamReader, size: int, piece_bytes: int) -> bytes:
+    # Pieces under a sixteenth of `piece_bytes` are gathered first: a peer that trickles
+    # its bytes one segment at a time must not cost an object per segment.
+    least = max(1, piece_bytes // 16)
     pieces: list[bytes] = []
+    small = bytearray()
     missing = size
     while missing:
         piece = await reader.read(min(missing, piece_bytes))  # what has arrived, up to that
         if not piece:
             raise FrameError(f"connection closed after {size - missing} of {size} frame bytes")
-        pieces.append(piece)
         missing -= len(piece)
+        if len(piece) >= least and not small:
+            pieces.append(piece)
+            continue
+        small += piece
+        if len(small) >= least or not missing:
+            pieces.append(bytes(small))
+            small.clear()
     if len(pieces) == 1:
         return pieces[0]
     return await asyncio.to_thread(b"".join, pieces)

@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import io
 import threading
+from typing import Any
 
 import kio.schema.request_header.v1.header as header_v1
 import kio.schema.request_header.v2.header as header_v2
@@ -123,6 +124,39 @@ def test_truncated_frame_is_a_frame_error_not_an_end(
 
     with pytest.raises(FrameError):
         asyncio.run(read())
+
+
+def test_a_frame_trickled_a_byte_at_a_time_is_gathered_into_few_pieces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    payload = bytes(range(256)) * 16
+    joined: list[int] = []
+    real_to_thread = asyncio.to_thread
+
+    async def count_pieces(func: Any, pieces: list[bytes]) -> Any:
+        joined.append(len(pieces))
+        return await real_to_thread(func, pieces)
+
+    monkeypatch.setattr(asyncio, "to_thread", count_pieces)
+    data = frame(payload)
+
+    async def read() -> bytes | None:
+        reader = asyncio.StreamReader()
+
+        async def trickle() -> None:  # one byte, then the reader reads it, and so on
+            for i in range(len(data)):
+                reader.feed_data(data[i : i + 1])
+                await asyncio.sleep(0)
+            reader.feed_eof()
+
+        feeding = asyncio.create_task(trickle())
+        payload = await read_frame(reader, 1 << 20, 1024)
+        await feeding
+        return payload
+
+    assert asyncio.run(read()) == payload
+    # 4096 bytes read one at a time, gathered into pieces of 1024 // 16 bytes.
+    assert joined == [4096 // 64]
 
 
 def test_a_frame_read_in_pieces_is_joined_off_the_event_loop(
