@@ -96,7 +96,8 @@ class UpstreamClient:
         self._correlation = itertools.count(1)
         self._closed: BaseException | None = None
         self._queued_from = queued_from_bytes
-        self._queued: deque[tuple[Any, int]] = deque()  # (payload, correlation id)
+        # (payload, correlation id, whether it is framed in a worker thread)
+        self._queued: deque[tuple[Any, int, bool]] = deque()
         self._queue_task: asyncio.Task[None] | None = None
 
     async def connect(self) -> UpstreamClient:
@@ -142,8 +143,9 @@ class UpstreamClient:
         correlation_id = next(self._correlation)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((correlation_id, payload, answer))
-        if self._queued or _records_bytes(payload) >= self._queued_from:
-            self._queued.append((payload, correlation_id))
+        large = _records_bytes(payload) >= self._queued_from
+        if self._queued or large:
+            self._queued.append((payload, correlation_id, large))
             if self._queue_task is None:
                 self._queue_task = asyncio.create_task(self._write_queued())
         else:
@@ -157,8 +159,8 @@ class UpstreamClient:
         assert writer is not None
         try:
             while self._queued:
-                payload, correlation_id = self._queued[0]
-                if _records_bytes(payload) >= self._queued_from:
+                payload, correlation_id, large = self._queued[0]
+                if large:
                     data = await asyncio.to_thread(encode_request, payload, correlation_id)
                     view = memoryview(data)
                     for start in range(0, len(view), _PIECE_BYTES):
