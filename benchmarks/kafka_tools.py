@@ -368,7 +368,8 @@ class Bench:
             )
             yield
         finally:
-            pin([*kafka, *redis], all_cpus())
+            with contextlib.suppress(BenchmarkError):  # one gone: never hide the run's error
+                pin([*kafka, *redis], all_cpus())
 
     def measured(self, target: str, topic: str | None, measure: Callable[[], ToolRow]) -> ToolRow:
         """Run one measurement with the probes around it."""
