@@ -19,7 +19,6 @@ The environment, proxies, probes and output helpers are `benchmarks.passthrough`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -27,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
@@ -54,7 +53,7 @@ from benchmarks.passthrough import (
     verdict_metric,
     write_csv,
 )
-from benchmarks.pinning import Pinning, all_cpus, local_environment_pids, pin
+from benchmarks.pinning import check_pin_argument
 from benchmarks.stage import Stage, StageSettings, add_stage_arguments, git_commit
 from benchmarks.tool_output import (
     ConsumerSummary,
@@ -144,17 +143,15 @@ class Settings:
     profile: bool
     quick: bool
     tools: tuple[str, ...] = (PRODUCER, CONSUMER)  # which of the two tools to run
-    pin: bool = False  # Kafka and the tool on half the CPUs, proxies and Redis on the rest
+    pin: bool = False  # `benchmarks.pinning`
 
 
 # ----------------------------------------------------------------------------- tools
 
 
-def run_tool(
-    main_class: str, args: list[str], log: Path, cpus: frozenset[int] | None = None
-) -> tuple[str, float]:
-    """Run one of Kafka's Java tools to its end (on `cpus`, if given): (stdout, wall
-    seconds). Its stderr (the clients' warnings) is appended to `log`."""
+def run_tool(main_class: str, args: list[str], log: Path) -> tuple[str, float]:
+    """Run one of Kafka's Java tools to its end: (stdout, wall seconds). Its stderr (the
+    clients' warnings) is appended to `log`."""
     from deploy.local import java_tool_command
 
     command = java_tool_command(main_class, *args)
@@ -164,12 +161,7 @@ def run_tool(
         errors.flush()
         try:
             done = subprocess.run(
-                command,
-                stdout=subprocess.PIPE,
-                stderr=errors,
-                text=True,
-                timeout=TOOL_TIMEOUT_S,
-                preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+                command, stdout=subprocess.PIPE, stderr=errors, text=True, timeout=TOOL_TIMEOUT_S
             )
         except subprocess.TimeoutExpired as exc:
             raise BenchmarkError(f"{main_class} ran over {TOOL_TIMEOUT_S:.0f} s") from exc
@@ -199,16 +191,10 @@ def consumer_args(bootstrap: str, topic: str, records: int, group: str) -> list[
 
 
 def run_producer(
-    bootstrap: str,
-    topic: str,
-    records: int,
-    size: int,
-    client: str,
-    log: Path,
-    cpus: frozenset[int] | None = None,
+    bootstrap: str, topic: str, records: int, size: int, client: str, log: Path
 ) -> tuple[ProducerSummary, float]:
     output, wall = run_tool(
-        PRODUCER_TOOL, producer_args(bootstrap, topic, records, size, client), log, cpus
+        PRODUCER_TOOL, producer_args(bootstrap, topic, records, size, client), log
     )
     try:
         return producer_summary(output), wall
@@ -217,16 +203,9 @@ def run_producer(
 
 
 def run_consumer(
-    bootstrap: str,
-    topic: str,
-    records: int,
-    group: str,
-    log: Path,
-    cpus: frozenset[int] | None = None,
+    bootstrap: str, topic: str, records: int, group: str, log: Path
 ) -> tuple[ConsumerSummary, float]:
-    output, wall = run_tool(
-        CONSUMER_TOOL, consumer_args(bootstrap, topic, records, group), log, cpus
-    )
+    output, wall = run_tool(CONSUMER_TOOL, consumer_args(bootstrap, topic, records, group), log)
     try:
         return consumer_summary(output), wall
     except ToolOutputError as exc:
@@ -346,30 +325,6 @@ class Bench:
         self.settings = settings
         self.stage = stage
         self.log = settings.out / "tools.log"
-        self.pinning = Pinning.split() if settings.pin else None
-        self.tool_cpus = self.pinning.kafka if self.pinning else None
-
-    @contextlib.contextmanager
-    def pinned(self) -> Iterator[None]:
-        """With `--pin`: Kafka and the tool on one half of the CPUs, the proxies and Redis
-        on the other (`benchmarks.pinning`), for the block; Kafka and Redis unpinned after."""
-        if self.pinning is None:
-            yield
-            return
-        kafka, redis = local_environment_pids()
-        proxies = [proxy.process.pid for proxy in self.stage.proxies.values()]
-        try:
-            pin(kafka, self.pinning.kafka)
-            pin([*redis, *proxies], self.pinning.proxies)
-            self.stage.meta["pinning"] = self.pinning.describe()
-            self.stage.say(
-                f"pinned: Kafka and the tools on CPUs {sorted(self.pinning.kafka)}, "
-                f"the proxies and Redis on CPUs {sorted(self.pinning.proxies)}"
-            )
-            yield
-        finally:
-            with contextlib.suppress(BenchmarkError):  # one gone: never hide the run's error
-                pin([*kafka, *redis], all_cpus())
 
     def measured(self, target: str, topic: str | None, measure: Callable[[], ToolRow]) -> ToolRow:
         """Run one measurement with the probes around it."""
@@ -387,13 +342,7 @@ class Bench:
         def measure() -> ToolRow:
             client = f"bench-kt-{tag}-{target}"
             summary, wall = run_producer(
-                self.stage.bootstraps[target],
-                topic,
-                records,
-                size,
-                client,
-                self.log,
-                self.tool_cpus,
+                self.stage.bootstraps[target], topic, records, size, client, self.log
             )
             return producer_row(size, target, records, summary, wall)
 
@@ -403,7 +352,7 @@ class Bench:
         def measure() -> ToolRow:
             group = f"{self.stage.topic_prefix}-{tag}-{target}"
             summary, wall = run_consumer(
-                self.stage.bootstraps[target], topic, records, group, self.log, self.tool_cpus
+                self.stage.bootstraps[target], topic, records, group, self.log
             )
             return consumer_row(target, summary, wall)
 
@@ -417,15 +366,14 @@ def interleaved(rounds: int) -> Iterable[tuple[int, str]]:
 
 
 def run(bench: Bench, rows: list[ToolRow]) -> None:
-    with bench.pinned():
-        warm_up(bench)
-        if PRODUCER in bench.settings.tools:
-            for size in RECORD_SIZES:
-                produce(bench, rows, size)
-        if CONSUMER in bench.settings.tools:
-            consume(bench, rows)
-        if bench.settings.profile:
-            profile(bench)
+    warm_up(bench)
+    if PRODUCER in bench.settings.tools:
+        for size in RECORD_SIZES:
+            produce(bench, rows, size)
+    if CONSUMER in bench.settings.tools:
+        consume(bench, rows)
+    if bench.settings.profile:
+        profile(bench)
 
 
 def produce(bench: Bench, rows: list[ToolRow], size: int) -> None:
@@ -502,7 +450,6 @@ def profile(bench: Bench) -> None:
                     size,
                     "bench-kt-profile",
                     bench.log,
-                    bench.tool_cpus,
                 )
         except ProfilerError as exc:
             raise BenchmarkError(str(exc)) from exc
@@ -748,12 +695,6 @@ def parse_args(argv: list[str] | None) -> Settings:
         choices=(PRODUCER, CONSUMER),
         help="run only ProducerPerformance or only ConsumerPerformance (default: both)",
     )
-    parser.add_argument(
-        "--pin",
-        action="store_true",
-        help="Kafka and the tools on one half of the CPUs, the proxies and Redis on the "
-        "other (the local environment only)",
-    )
     add_stage_arguments(parser, DEFAULT_PORTS)
     args = parser.parse_args(argv)
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
@@ -761,8 +702,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         parser.error("--rounds must be positive")
     if args.bootstrap and not args.redis:
         parser.error("--bootstrap needs --redis (the dedup proxy keeps its state there)")
-    if args.pin and args.bootstrap:
-        parser.error("--pin pins the local environment's processes: not with --bootstrap")
+    check_pin_argument(parser, args)
     ports = {PASSTHROUGH: args.passthrough_ports, DEDUP: args.dedup_ports}
     if len({p for t in PROXY_TARGETS for p in ports[t]}) != 6:
         parser.error("the two proxies need six different ports")
@@ -830,7 +770,12 @@ def main(argv: list[str] | None = None) -> int:
     meta = describe(settings)
     stage = Stage(
         StageSettings(
-            settings.out, settings.ports, settings.bootstrap, settings.redis, settings.keep_env
+            settings.out,
+            settings.ports,
+            settings.bootstrap,
+            settings.redis,
+            settings.keep_env,
+            pin=settings.pin,
         ),
         console,
         meta,

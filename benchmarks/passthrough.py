@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import json
 import logging
 import math
@@ -40,6 +41,8 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any, cast
 
+from benchmarks.errors import BenchmarkError
+from benchmarks.pinning import add_pin_argument, check_pin_argument, pinned
 from dedup.identity import DEFAULT_PRODUCER_HEADER, DEFAULT_SEQUENCE_HEADER
 
 MB = 1_000_000  # throughput is reported in decimal megabytes of record payload per second
@@ -319,10 +322,6 @@ def _latency_worker(
 
 
 # ----------------------------------------------------------------------------- runner
-
-
-class BenchmarkError(RuntimeError):
-    """The benchmark could not run (not: the figures were bad)."""
 
 
 class WorkerPool:
@@ -848,6 +847,7 @@ class Settings:
     keep_env: bool
     ports: dict[str, tuple[int, int, int]]
     quick: bool
+    pin: bool = False  # `benchmarks.pinning`
 
 
 class Progress:
@@ -900,6 +900,7 @@ def run(settings: Settings, console: Any, rows: list[Row], meta: dict[str, Any])
     redis_stats: RedisStats | None = None
     proxies = make_proxies(settings.ports, settings.out, environment, run_id)
     by_target: dict[str, ProxyTarget] = {p.target: p for p in proxies}
+    pinning = contextlib.ExitStack()
     try:
         redis_stats = RedisStats(environment.redis)
         topics = Topics(environment.bootstrap, f"bench-passthrough-{run_id}")
@@ -916,6 +917,10 @@ def run(settings: Settings, console: Any, rows: list[Row], meta: dict[str, Any])
                 f"log {proxy.process.log_path}",
                 highlight=False,
             )
+        if settings.pin:
+            pids = [proxy.process.pid for proxy in proxies]
+            say = functools.partial(console.print, highlight=False)
+            meta["pinning"] = pinning.enter_context(pinned(pids, say)).describe()
         meta["proxies"] = {
             p.target: {
                 "bootstrap": p.process.bootstrap,
@@ -1045,6 +1050,7 @@ def run(settings: Settings, console: Any, rows: list[Row], meta: dict[str, Any])
                     oddities.append("the pass-through proxy checked records for duplicates")
         meta["sanity"] = sanity
     finally:
+        pinning.close()
         pool.terminate()
         for proxy in proxies:
             code = proxy.process.stop()
@@ -1584,6 +1590,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         action="store_true",
         help="leave the local environment running if the benchmark had to start it",
     )
+    add_pin_argument(parser)
     for target in PROXY_TARGETS:
         default = DEFAULT_PORTS[target]
         parser.add_argument(
@@ -1604,6 +1611,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         parser.error("--rounds, --scale and --latency-records must be positive")
     if args.bootstrap and not args.redis:
         parser.error("--bootstrap needs --redis (the dedup proxy keeps its state there)")
+    check_pin_argument(parser, args)
     ports = {PASSTHROUGH: args.passthrough_ports, DEDUP: args.dedup_ports}
     every_port = [p for target in PROXY_TARGETS for p in ports[target]]
     if len(set(every_port)) != len(every_port):
@@ -1619,6 +1627,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         keep_env=args.keep_env,
         ports=ports,
         quick=args.quick,
+        pin=args.pin,
     )
 
 

@@ -1,7 +1,7 @@
 """The stage a side-by-side benchmark runs on: the environment (local or given), a
 pass-through and a dedup proxy on ports of the benchmark's own, its topics and Redis keys,
-and their teardown. Built from `benchmarks.passthrough`'s pieces; used by `kafka_tools`
-and `stall`."""
+and their teardown, with the processes pinned to CPUs if asked (`benchmarks.pinning`).
+Built from `benchmarks.passthrough`'s pieces; used by `kafka_tools` and `stall`."""
 
 from __future__ import annotations
 
@@ -33,13 +33,14 @@ from benchmarks.passthrough import (
     start_proxy,
 )
 from benchmarks.passthrough import _ports as proxy_ports
+from benchmarks.pinning import add_pin_argument, pinned
 
 
 def add_stage_arguments(
     parser: argparse.ArgumentParser, default_ports: Mapping[str, tuple[int, int, int]]
 ) -> None:
-    """The options of where a benchmark runs: --bootstrap/--redis, --keep-env, and each
-    proxy's ports."""
+    """The options of where a benchmark runs: --bootstrap/--redis, --keep-env, --pin, and
+    each proxy's ports."""
     parser.add_argument("--bootstrap", help="benchmark this Kafka instead of the local one")
     parser.add_argument("--redis", help="Redis URL for the proxies (required with --bootstrap)")
     parser.add_argument(
@@ -47,6 +48,7 @@ def add_stage_arguments(
         action="store_true",
         help="leave the local environment running if the benchmark started it",
     )
+    add_pin_argument(parser)
     for target in PROXY_TARGETS:
         default = default_ports[target]
         parser.add_argument(
@@ -66,6 +68,7 @@ class StageSettings:
     redis: str | None = None
     keep_env: bool = False
     proxy_env: Mapping[str, str] = field(default_factory=dict)  # extra DEDUP_PROXY_* settings
+    pin: bool = False  # `benchmarks.pinning`
 
 
 class Stage:
@@ -83,6 +86,7 @@ class Stage:
         self._redis: RedisStats | None = None
         self.bootstraps: dict[str, str] = {}
         self.started = time.monotonic()
+        self._exits = contextlib.ExitStack()  # undone first on close: the pinning
 
     @property
     def topics(self) -> Topics:
@@ -128,8 +132,13 @@ class Stage:
             self.say(
                 f"{LABELS[proxy.target]}: pid {proxy.process.pid} on {proxy.process.bootstrap}"
             )
+        if settings.pin:
+            pids = [proxy.process.pid for proxy in self.proxies.values()]
+            pinning = self._exits.enter_context(pinned(pids, self.say))
+            self.meta["pinning"] = pinning.describe()
 
     def close(self) -> None:
+        self._exits.close()
         for proxy in self.proxies.values():
             code = proxy.process.stop()
             if code not in (0, None):

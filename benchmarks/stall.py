@@ -47,6 +47,7 @@ from benchmarks.passthrough import (
     process_cpu_seconds,
     write_csv,
 )
+from benchmarks.pinning import check_pin_argument
 from benchmarks.stage import Stage, StageSettings, add_stage_arguments, git_commit
 
 BIG_RECORD_BYTES = 1000
@@ -126,6 +127,7 @@ class Settings:
     keep_env: bool
     ports: dict[str, tuple[int, int, int]]
     quick: bool
+    pin: bool = False  # `benchmarks.pinning`
 
 
 # ----------------------------------------------------------------------------- big producer
@@ -447,6 +449,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         parser.error("--rounds must be positive and --big-mb within 1..95")
     if args.bootstrap and not args.redis:
         parser.error("--bootstrap needs --redis (the dedup proxy keeps its state there)")
+    check_pin_argument(parser, args)
     return Settings(
         out=args.out or RESULTS_DIR / datetime.now().strftime("%Y%m%d-%H%M%S-stall"),
         rounds=rounds,
@@ -456,6 +459,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         keep_env=args.keep_env,
         ports={PASSTHROUGH: args.passthrough_ports, DEDUP: args.dedup_ports},
         quick=args.quick,
+        pin=args.pin,
     )
 
 
@@ -479,7 +483,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     stage = Stage(
         StageSettings(
-            settings.out, settings.ports, settings.bootstrap, settings.redis, settings.keep_env
+            settings.out,
+            settings.ports,
+            settings.bootstrap,
+            settings.redis,
+            settings.keep_env,
+            pin=settings.pin,
         ),
         console,
         meta,
