@@ -87,6 +87,16 @@ try:  # the Rust record scan (dedup/records_native): optional, see `NATIVE_SCAN`
 except ImportError:  # pragma: no cover - a machine without a Rust toolchain
     _native = None
 
+
+def copy_of(data: bytes, start: int, end: int) -> bytes:
+    """data[start:end], copied by the Rust module with the GIL released where it is built:
+    from a worker thread, a large copy then leaves the event loop free (a slice holds the
+    GIL while it copies)."""
+    if _native is not None:
+        return _native.copy_of(data, start, end)  # type: ignore[no-any-return]
+    return data[start:end]
+
+
 # Whether uniform batches are read by the Rust scan (`_read_uniform`). Without it every
 # batch is read record by record in Python: the same answers, several times slower.
 NATIVE_SCAN: Final = _native is not None
@@ -1347,6 +1357,29 @@ def rewrite_with_identity_headers(
     (`BatchRun.rewritable`) with `add_identity_headers`, byte for byte, by the Rust rewrite:
     each record copied with the two identity headers appended, no Python object per record.
     `records`: its `identity_records`, when made ahead."""
+    return b"".join(
+        rewritten_with_identity_headers(
+            batch,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+            headers=headers,
+            records=records,
+        )
+    )
+
+
+def rewritten_with_identity_headers(
+    batch: IncomingBatch,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    headers: IdentityHeaders = DEFAULT_HEADERS,
+    records: bytes | None = None,
+) -> tuple[bytes, bytes]:
+    """`rewrite_with_identity_headers` in two pieces, the batch header and the records, so
+    a large batch need not be copied again to join them (`RecordPieces`)."""
     if producer_id >= 0 and (producer_epoch < 0 or base_sequence < 0):
         raise ValueError(
             f"producer id {producer_id} needs an epoch and a base sequence >= 0, "
@@ -1374,10 +1407,10 @@ def rewrite_with_identity_headers(
             run.count,
         )
     )
-    # The CRC32C carried on from the header over the records, then one copy of them.
+    # The CRC32C carried on from the header over the records.
     crc = _crc32c(records, _crc32c(memoryview(header)[_ATTRIBUTES_OFFSET:]))
     struct.pack_into(">I", header, _CRC_OFFSET, crc)
-    return b"".join((header, records))
+    return bytes(header), records
 
 
 def _write_crc(batch: bytearray) -> None:
@@ -1391,6 +1424,14 @@ def restamp_batch(raw: bytes, producer_id: int, producer_epoch: int, base_sequen
     offset 0, not transactional, the CRC32C recomputed. What `build_batch` would write for
     the same records when none is dropped and no header is added, at the cost of a copy
     and a CRC (a rebuild decodes and encodes every record, and compresses again)."""
+    return b"".join(restamped(raw, producer_id, producer_epoch, base_sequence))
+
+
+def restamped(
+    raw: bytes, producer_id: int, producer_epoch: int, base_sequence: int
+) -> tuple[bytes, memoryview]:
+    """`restamp_batch` in two pieces: the new header, and a view of the client's records
+    (no copy of them; `RecordPieces`)."""
     if len(raw) < HEADER_SIZE:
         raise ValueError(f"a record batch has at least {HEADER_SIZE} bytes, not {len(raw)}")
     if producer_id >= 0 and (producer_epoch < 0 or base_sequence < 0):
@@ -1403,11 +1444,11 @@ def restamp_batch(raw: bytes, producer_id: int, producer_epoch: int, base_sequen
     attributes = int.from_bytes(header[_ATTRIBUTES_OFFSET : _ATTRIBUTES_OFFSET + 2], "big")
     struct.pack_into(">h", header, _ATTRIBUTES_OFFSET, attributes & ~_TRANSACTIONAL_MASK)
     _PRODUCER.pack_into(header, _PRODUCER_OFFSET, producer_id, producer_epoch, base_sequence)
-    # The records are the client's: one copy of them, and the CRC32C carried on over them.
+    # The records are the client's, as they are; the CRC32C carried on over them.
     records = memoryview(raw)[_RECORD_COUNT_OFFSET:]
     crc = _crc32c(records, _crc32c(memoryview(header)[_ATTRIBUTES_OFFSET:]))
     struct.pack_into(">I", header, _CRC_OFFSET, crc)
-    return b"".join((header, records))
+    return bytes(header), records
 
 
 def forwardable(

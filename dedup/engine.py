@@ -61,8 +61,8 @@ from dedup.batches import (
     forwardable,
     identity_records,
     read_batches,
-    restamp_batch,
-    rewrite_with_identity_headers,
+    restamped,
+    rewritten_with_identity_headers,
 )
 from dedup.bindings import ProducerBindings
 from dedup.chunks import ChunkMeta, ChunkProgress
@@ -82,7 +82,9 @@ from dedup.state import (
     persisted_position,
 )
 from dedup.writer import BatchToWrite, WriteResult
+from proxy.kafka.produce_codec import RecordBytes
 from proxy.kafka.topology import Endpoint
+from proxy.kafka.upstream_client import records_for_request
 
 log = structlog.get_logger(__name__)
 
@@ -941,7 +943,7 @@ def _highest_sequences(identities: Sequence[tuple[str, int]]) -> dict[str, Persi
 
 def _builder(
     item: _Work, kept: Sequence[Sequence[IncomingRecord]], headers: IdentityHeaders
-) -> Callable[[int, int, int], bytes]:
+) -> Callable[[int, int, int], RecordBytes]:
     """The batch bytes for the writer: one output batch per input batch, sequences in a row.
     A batch with nothing dropped and no header to add is the client's own bytes, restamped
     (`dedup.batches.forwardable`); any other is rebuilt from the records kept."""
@@ -953,20 +955,20 @@ def _builder(
         if records
     ]
 
-    def build(producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
-        parts = []
+    def build(producer_id: int, producer_epoch: int, base_sequence: int) -> RecordBytes:
+        parts: list[bytes | memoryview] = []
         sequence = base_sequence
         for batch, records, as_is, ahead in plan:
             if as_is:
-                parts.append(restamp_batch(batch.raw, producer_id, producer_epoch, sequence))
+                parts.extend(restamped(batch.raw, producer_id, producer_epoch, sequence))
             elif (
                 add_identity_headers
                 and batch.run is not None
                 and batch.run.rewritable
                 and len(records) == len(batch.records)
             ):  # implicit identities, every record kept: rewritten in Rust
-                parts.append(
-                    rewrite_with_identity_headers(
+                parts.extend(
+                    rewritten_with_identity_headers(
                         batch,
                         producer_id=producer_id,
                         producer_epoch=producer_epoch,
@@ -989,6 +991,7 @@ def _builder(
                     )
                 )
             sequence = (sequence + len(records)) % (1 << 31)
-        return b"".join(parts)
+        # A large batch is not joined here, on the event loop: its pieces go to the socket.
+        return records_for_request(parts)
 
     return build

@@ -39,7 +39,7 @@ import datetime
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import kio.schema.produce.v11.request as produce_request
 import structlog
@@ -48,6 +48,7 @@ from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from dedup.fencing import ProducerIdentity
+from proxy.kafka.produce_codec import RecordBytes, RecordPieces
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import LinkClosed
 
@@ -111,8 +112,9 @@ class BatchToWrite:
     topic: str
     partition: int
     record_count: int
-    build: Callable[[int, int, int], bytes]
-    """(producer id, producer epoch, base sequence) -> the record batch bytes to append."""
+    build: Callable[[int, int, int], RecordBytes]
+    """(producer id, producer epoch, base sequence) -> the record batch bytes to append (a
+    large one in pieces, written as they are: `RecordPieces`)."""
     wanted: Callable[[], bool] | None = None
     """Asked as the batch is about to take its sequence: False withdraws it (not written,
     nothing sent)."""
@@ -131,7 +133,7 @@ WITHDRAWN = WriteResult(
 @dataclass(eq=False, slots=True)
 class _InFlight:
     sequence: int
-    batch: bytes
+    batch: RecordBytes
     resolved: asyncio.Future[bool]  # True: written, False: not written or unresolved
     previous: _InFlight | None  # the batch before it in the partition, while unresolved
     unresolved: bool = False  # given up on: maybe written
@@ -263,7 +265,7 @@ class IdempotentWriter:
                 else self._plan(partitions[n], batches[i])
                 for n, i in enumerate(ordered)
             ]
-            by_lane: dict[int, list[tuple[BatchToWrite, bytes]]] = {}
+            by_lane: dict[int, list[tuple[BatchToWrite, RecordBytes]]] = {}
             for n, (i, (_, data)) in enumerate(zip(ordered, planned, strict=True)):
                 if data is not None:
                     by_lane.setdefault(lanes[n], []).append((batches[i], data))
@@ -307,7 +309,7 @@ class IdempotentWriter:
         broker: Endpoint,
         lane: int,
         request: produce_request.ProduceRequest,
-        items: Sequence[tuple[BatchToWrite, bytes]],
+        items: Sequence[tuple[BatchToWrite, RecordBytes]],
     ) -> _Sent:
         """Send one Produce request; its bytes count on the lane until it is answered."""
         try:
@@ -415,7 +417,7 @@ class IdempotentWriter:
             partition.needs_new_producer = False
             return True
 
-    def _plan(self, partition: _Partition, batch: BatchToWrite) -> tuple[int, bytes | None]:
+    def _plan(self, partition: _Partition, batch: BatchToWrite) -> tuple[int, RecordBytes | None]:
         """The sequence the batch would take and its bytes; None: the caller withdrew it."""
         if batch.wanted is not None and not batch.wanted():
             return partition.next_sequence, None
@@ -425,7 +427,7 @@ class IdempotentWriter:
         return sequence, batch.build(producer.producer_id, producer.epoch, sequence)
 
     def _assign(
-        self, partition: _Partition, batch: BatchToWrite, sequence: int, data: bytes
+        self, partition: _Partition, batch: BatchToWrite, sequence: int, data: RecordBytes
     ) -> _InFlight:
         partition.next_sequence = (sequence + batch.record_count) % SEQUENCE_WRAP
         previous = partition.in_flight[-1] if partition.in_flight else None
@@ -560,7 +562,7 @@ class IdempotentWriter:
     # ---------------------------------------------------------------- Kafka requests
 
     def _produce_request(
-        self, items: Sequence[tuple[BatchToWrite, bytes]], timeout_ms: int
+        self, items: Sequence[tuple[BatchToWrite, RecordBytes]], timeout_ms: int
     ) -> produce_request.ProduceRequest | None:
         """The Produce request for these batches; None when there is none to send."""
         if not items:
@@ -569,7 +571,9 @@ class IdempotentWriter:
         for batch, data in items:
             topics.setdefault(batch.topic, []).append(
                 produce_request.PartitionProduceData(
-                    index=i32(batch.partition), records=Records(data)
+                    index=i32(batch.partition),
+                    # Pieces as they are: the request is written unjoined (`RecordPieces`).
+                    records=cast(Records, data) if type(data) is RecordPieces else Records(data),
                 )
             )
         return produce_request.ProduceRequest(

@@ -101,11 +101,41 @@ LEAN_PRODUCE_REQUEST: Final[type[ProduceRequestV11] | None] = (
 _V11_HEADER_PREFIX = (ProduceRequestV11.__api_key__, ProduceRequestV11.__version__)
 
 
+class RecordPieces:
+    """A partition's record bytes kept in pieces (a batch's new header, a view of the
+    client's records), for a request that is written to the socket piece by piece: joined,
+    a 32 MB batch is a copy of some 25 ms on the event loop. In place of `Records` in the
+    writer's requests; the encoders below write the pieces in a row."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces: Sequence[bytes | memoryview]) -> None:
+        self.pieces = tuple(pieces)
+        self.size = sum(map(len, self.pieces))  # byte views: their length is their bytes
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.pieces)
+
+
+RecordBytes = bytes | RecordPieces
+
+
 def produce_request_v11_frame(
     request: ProduceRequestV11, correlation_id: int, client_id: str | None
 ) -> bytes:
     """A whole frame: size, request header v2 and body, as kio writes them."""
-    parts = [
+    # One join copies the records once (a 32 MB copy is some 15 ms of the event loop).
+    return b"".join(produce_request_v11_parts(request, correlation_id, client_id))
+
+
+def produce_request_v11_parts(
+    request: ProduceRequestV11, correlation_id: int, client_id: str | None
+) -> list[bytes | memoryview]:
+    """The frame in parts, the records (or their pieces) among them as they are."""
+    parts: list[bytes | memoryview] = [
         b"",  # the size, once known
         _REQUEST_HEADER.pack(*_V11_HEADER_PREFIX, correlation_id),
         _legacy_string(client_id),  # client_id is a legacy string in every header version
@@ -113,18 +143,19 @@ def produce_request_v11_frame(
     ]
     _append_produce_request_v11(parts, request)
     parts[0] = _INT32.pack(sum(map(len, parts)))
-    # One join copies the records once (a 32 MB copy is some 15 ms of the event loop).
-    return b"".join(parts)
+    return parts
 
 
 def encode_produce_request_v11(request: ProduceRequestV11) -> bytes:
     """The request body alone."""
-    parts: list[bytes] = []
+    parts: list[bytes | memoryview] = []
     _append_produce_request_v11(parts, request)
     return b"".join(parts)
 
 
-def _append_produce_request_v11(parts: list[bytes], request: ProduceRequestV11) -> None:
+def _append_produce_request_v11(
+    parts: list[bytes | memoryview], request: ProduceRequestV11
+) -> None:
     append = parts.append
     append(_compact_string(request.transactional_id))
     append(_ACKS_TIMEOUT.pack(request.acks, _millis(request.timeout)))
@@ -134,12 +165,15 @@ def _append_produce_request_v11(parts: list[bytes], request: ProduceRequestV11) 
         append(_compact_length(topic.partition_data))
         for partition in topic.partition_data or ():
             append(_INT32.pack(partition.index))
-            records = partition.records
+            records: Any = partition.records  # Records, or RecordPieces from the writer
             if records is None:
                 append(_NO_TAGS)
             else:  # the records as they are: no copy before the final join
                 append(_uvarint(len(records) + 1))
-                append(records)
+                if type(records) is RecordPieces:
+                    parts.extend(records.pieces)
+                else:
+                    append(records)
             append(_NO_TAGS)
         append(_NO_TAGS)
     append(_NO_TAGS)

@@ -5,10 +5,12 @@ refresh, and the idempotent writer's InitProducerId and Produce requests). Reque
 pipelined on one connection; Kafka answers them in order, so a FIFO of futures matches
 each answer to its request.
 
-A Produce request carrying `QUEUED_FROM_BYTES` of records or more is framed in a worker
-thread and written in pieces, and the requests sent after it wait for it: framing and
-writing 32 MB at once held the event loop (and so every other connection of the proxy)
-for some 30 ms. Requests keep their order on the wire either way.
+A Produce request carrying `QUEUED_FROM_BYTES` of records or more is written in pieces,
+and the requests sent after it wait for it: framing and writing 32 MB at once held the
+event loop (and so every other connection of the proxy) for some 30 ms. The writer's
+request is never joined into one frame: its parts (the records among them, as they are, or
+as `RecordPieces`) go to the socket a megabyte at a time. Requests keep their order on the
+wire either way.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import io
 import itertools
 import ssl
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -27,7 +30,13 @@ from kio.serial import entity_writer
 from kio.static.primitive import i32
 
 from proxy.kafka.api_keys import ApiKey
-from proxy.kafka.produce_codec import LEAN_PRODUCE_REQUEST, produce_request_v11_frame
+from proxy.kafka.produce_codec import (
+    LEAN_PRODUCE_REQUEST,
+    RecordBytes,
+    RecordPieces,
+    produce_request_v11_frame,
+    produce_request_v11_parts,
+)
 from proxy.kafka.sasl import Credentials, authenticate
 from proxy.kafka.schemas import decode_response_body, response_header_is_flexible
 from proxy.kafka.topology import Endpoint
@@ -41,6 +50,15 @@ _PIECE_BYTES = 1 << 20  # what one write of a queued request hands the transport
 
 class LinkClosed(ConnectionError):
     """The connection ended before the answer came: the request may or may not have run."""
+
+
+def records_for_request(parts: Sequence[bytes | memoryview]) -> RecordBytes:
+    """A partition's records for the writer's Produce request: from `QUEUED_FROM_BYTES` on
+    left in pieces (such a request is written unjoined), else one bytes object."""
+    pieces = RecordPieces(parts)
+    if pieces.size >= QUEUED_FROM_BYTES:
+        return pieces
+    return bytes(pieces)
 
 
 def encode_request(payload: Any, correlation_id: int, client_id: str = CLIENT_ID) -> bytes:
@@ -161,11 +179,7 @@ class UpstreamClient:
             while self._queued:
                 payload, correlation_id, large = self._queued[0]
                 if large:
-                    data = await asyncio.to_thread(encode_request, payload, correlation_id)
-                    view = memoryview(data)
-                    for start in range(0, len(view), _PIECE_BYTES):
-                        writer.write(view[start : start + _PIECE_BYTES])
-                        await writer.drain()
+                    await _write_in_pieces(writer, _request_parts(payload, correlation_id))
                 else:
                     writer.write(encode_request(payload, correlation_id))
                 self._queued.popleft()
@@ -215,6 +229,36 @@ class UpstreamClient:
             if not answer.done():
                 answer.set_exception(error)
                 answer.exception()  # retrieved: a waiter that gave up must not warn
+
+
+def _request_parts(payload: Any, correlation_id: int) -> list[bytes | memoryview]:
+    """A request frame in parts: the writer's Produce unjoined, any other whole."""
+    if type(payload) is LEAN_PRODUCE_REQUEST:
+        return produce_request_v11_parts(payload, correlation_id, CLIENT_ID)
+    return [encode_request(payload, correlation_id)]
+
+
+async def _write_in_pieces(
+    writer: asyncio.StreamWriter, parts: Sequence[bytes | memoryview]
+) -> None:
+    """Hand the parts to the transport about `_PIECE_BYTES` at a time (small parts
+    together, large ones cut), waiting for the socket to take each: no copy of the
+    records is made here, and the event loop serves other connections in between."""
+    chunk: list[memoryview] = []
+    size = 0
+    for part in parts:
+        view = memoryview(part)
+        for start in range(0, len(view), _PIECE_BYTES):
+            piece = view[start : start + _PIECE_BYTES]
+            chunk.append(piece)
+            size += len(piece)
+            if size >= _PIECE_BYTES:
+                writer.writelines(chunk)
+                chunk, size = [], 0
+                await writer.drain()
+    if chunk:
+        writer.writelines(chunk)
+        await writer.drain()
 
 
 def _records_bytes(payload: Any) -> int:

@@ -110,6 +110,15 @@ class RequestFrame:
         self.payload = payload  # header + body, without the size prefix
         self._decoded: RequestPayload | None = None
 
+    @property
+    def decoded(self) -> RequestPayload | None:
+        """The body's kio entity if it was decoded already."""
+        return self._decoded
+
+    def keep_decoded(self, body: RequestPayload) -> None:
+        """Take the body as decoded another way (off the event loop, by hand)."""
+        self._decoded = body
+
     def decode(self) -> RequestPayload:
         """The kio entity of the body; a request that cannot be decoded is bad input."""
         if self._decoded is None:

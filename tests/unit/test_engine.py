@@ -61,7 +61,9 @@ from dedup.recovery import NotOwner, RecoveredPartition
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.state import Acked, PartitionCheck, PartitionVerdict, Persisted, Status
 from dedup.writer import WITHDRAWN, BatchToWrite, WriteResult
+from proxy.kafka.produce_codec import RecordBytes, RecordPieces
 from proxy.kafka.topology import Endpoint
+from proxy.kafka.upstream_client import QUEUED_FROM_BYTES
 
 pytestmark = pytest.mark.unit
 
@@ -270,7 +272,7 @@ class FakeWriter:
     log: dict[Key, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
     script: deque[Step] = field(default_factory=deque)
     submitted: list[list[tuple[Key, list[tuple[str, int]]]]] = field(default_factory=list)
-    built: dict[Key, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    built: dict[Key, list[RecordBytes]] = field(default_factory=lambda: defaultdict(list))
     withdrawn: list[Key] = field(default_factory=list)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     # Per partition, the outcomes still to come of the batches in flight, in order.
@@ -297,7 +299,7 @@ class FakeWriter:
             self.in_flight[key].append(resolved)
             data = batch.build(7, 0, 0)
             self.built[key].append(data)
-            planned.append(_Planned(batch, identities(data), ahead, resolved))
+            planned.append(_Planned(batch, identities(bytes(data)), ahead, resolved))
         self.submitted.append(
             [((p.batch.topic, p.batch.partition), p.ids) for p in planned if p.ids is not None]
         )
@@ -593,6 +595,18 @@ async def test_uniform_batches_of_new_records_are_written_without_decoding_a_rec
                 ("kafka-pid-40-1", 1),
                 ("kafka-pid-40-1", 2),
             ]
+
+
+async def test_a_large_batch_goes_to_the_writer_in_pieces_its_records_uncopied() -> None:
+    sent = records("p", range(QUEUED_FROM_BYTES // 40))
+    assert len(sent) > QUEUED_FROM_BYTES
+    async with running() as rig:
+        assert ok((await rig.send((P0, sent)))[P0])
+        [written] = rig.writer.built[P0]
+    assert isinstance(written, RecordPieces), "not joined on the event loop"
+    assert bytes(written) == restamp_batch(sent, 7, 0, 0)
+    records_view = written.pieces[-1]
+    assert isinstance(records_view, memoryview) and records_view.obj is sent
 
 
 async def test_a_large_batch_of_implicit_identities_gets_its_headers_in_the_reader_thread() -> None:

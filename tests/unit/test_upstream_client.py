@@ -1,12 +1,13 @@
-"""The proxy's own connection to a broker: large Produce requests written off the event loop,
-and the order on the wire kept. Against a loopback socket that records what it receives
-(the framing and ordering logic only; the integration tests run it against Kafka)."""
+"""The proxy's own connection to a broker: large Produce requests written in pieces and
+never joined whole, and the order on the wire kept. Against a loopback socket that records
+what it receives (the framing and ordering logic only; the integration tests run it against
+Kafka)."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-import threading
+from typing import Any, cast
 
 import kio.schema.produce.v11.request as produce_v11
 import pytest
@@ -14,17 +15,25 @@ from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from proxy.kafka import upstream_client
+from proxy.kafka.produce_codec import RecordPieces
 from proxy.kafka.topology import Endpoint
-from proxy.kafka.upstream_client import LinkClosed, UpstreamClient, encode_request
+from proxy.kafka.upstream_client import (
+    QUEUED_FROM_BYTES,
+    LinkClosed,
+    UpstreamClient,
+    encode_request,
+    records_for_request,
+)
 from proxy.kafka.wire import read_frame
-from tests.support.threads import record_to_thread
 
 pytestmark = pytest.mark.unit
 
 QUEUED_FROM = 1000  # record bytes from which a request is written by the queue
 
 
-def produce(records: bytes) -> produce_v11.ProduceRequest:
+def produce(records: bytes | RecordPieces) -> produce_v11.ProduceRequest:
+    if isinstance(records, bytes):
+        records = Records(records)
     return produce_v11.ProduceRequest(
         transactional_id=None,
         acks=i16(-1),
@@ -33,7 +42,7 @@ def produce(records: bytes) -> produce_v11.ProduceRequest:
             produce_v11.TopicProduceData(
                 name=TopicName("t"),
                 partition_data=(
-                    produce_v11.PartitionProduceData(index=i32(0), records=Records(records)),
+                    produce_v11.PartitionProduceData(index=i32(0), records=cast(Any, records)),
                 ),
             ),
         ),
@@ -78,20 +87,29 @@ class Recorder:
                 await self.got.wait()
 
 
-def test_large_requests_are_framed_in_a_thread_and_keep_their_place_on_the_wire(
+def test_large_requests_go_out_unjoined_in_pieces_and_keep_their_place_on_the_wire(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Pieces of 7 bytes: a large request goes to the transport in many writes.
     monkeypatch.setattr(upstream_client, "_PIECE_BYTES", 7)
-    framed_in = record_to_thread(monkeypatch)
+    framed_whole: list[int] = []
+    frame_whole = upstream_client.produce_request_v11_frame
+
+    def spy(request: Any, correlation_id: int, client_id: str | None) -> bytes:
+        framed_whole.append(correlation_id)
+        return frame_whole(request, correlation_id, client_id)
+
+    monkeypatch.setattr(upstream_client, "produce_request_v11_frame", spy)
+    header = b"H" * 61
+    pieces = RecordPieces([header, memoryview(b"xL" * 2500)[1:]])  # a view, as the writer's
     payloads = [
         produce(b"L" * 5000),  # queued
         produce(b"s" * 10),  # behind it: queued too, though small
-        produce(b"M" * 3000),
+        produce(pieces),
         produce(b"t" * 20),
     ]
 
-    async def scenario() -> tuple[list[bytes], list[bytes]]:
+    async def scenario() -> list[bytes]:
         recorder = Recorder()
         async with recorder as endpoint:
             client = await UpstreamClient(endpoint, 5.0, queued_from_bytes=QUEUED_FROM).connect()
@@ -99,19 +117,27 @@ def test_large_requests_are_framed_in_a_thread_and_keep_their_place_on_the_wire(
                 client.send(payload)
             await recorder.wait_for(len(payloads))
             # The queue is empty again: a small request is written at once.
-            last = produce(b"u")
-            client.send(last)
+            client.send(produce(b"u"))
             assert client._queue_task is None
             await recorder.wait_for(len(payloads) + 1)
             await client.close()
-        expected = [encode_request(p, n)[4:] for n, p in enumerate([*payloads, last], start=1)]
-        return recorder.frames, expected
+        return recorder.frames
 
-    frames, expected = asyncio.run(scenario())
+    frames = asyncio.run(scenario())
+    joined = [*payloads[:2], produce(bytes(pieces)), payloads[3], produce(b"u")]
+    expected = [frame_whole(p, n, upstream_client.CLIENT_ID)[4:] for n, p in enumerate(joined, 1)]
     assert [request_correlation_id(f) for f in frames] == [1, 2, 3, 4, 5]
     assert frames == expected, "every frame whole, byte for byte, in the order sent"
-    main = threading.get_ident()
-    assert len(framed_in) == 2 and main not in framed_in, "the two large ones, off the loop"
+    assert framed_whole == [2, 4, 5], "only the small ones are framed as one bytes object"
+
+
+def test_records_stay_in_pieces_from_the_queueing_size_on() -> None:
+    small = records_for_request([b"h" * 10, memoryview(b"r" * 100)])
+    assert type(small) is bytes and small == b"h" * 10 + b"r" * 100
+    large = records_for_request([b"h" * 61, memoryview(b"r" * QUEUED_FROM_BYTES)])
+    assert isinstance(large, RecordPieces) and len(large) == 61 + QUEUED_FROM_BYTES
+    assert bytes(large) == b"h" * 61 + b"r" * QUEUED_FROM_BYTES
+    assert encode_request(produce(large), 9) == encode_request(produce(bytes(large)), 9)
 
 
 def test_closing_with_requests_queued_fails_their_answers() -> None:

@@ -20,6 +20,7 @@
 //! no copy), and run without the GIL: a large batch does not hold the event loop's thread.
 
 use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -393,7 +394,14 @@ fn plan_rewrite(
     (index == count).then_some((plan, total))
 }
 
-fn write_rewrite(data: &[u8], plan: &[Rewritten], names: &Names, producer: &[u8], out: &mut [u8]) {
+/// Writes the records again into `out`; how many bytes it wrote (all of `out`).
+fn write_rewrite(
+    data: &[u8],
+    plan: &[Rewritten],
+    names: &Names,
+    producer: &[u8],
+    out: &mut [u8],
+) -> usize {
     let mut out = Writer { buffer: out, at: 0 };
     for part in plan {
         out.put_varint(part.body_size as i64);
@@ -409,7 +417,7 @@ fn write_rewrite(data: &[u8], plan: &[Rewritten], names: &Names, producer: &[u8]
         out.put_varint(decimal_size(part.sequence) as i64);
         write_decimal(&mut out, part.sequence);
     }
-    debug_assert_eq!(out.at, out.buffer.len());
+    out.at
 }
 
 /// `with_identity_headers(data, start, count, producer_header, sequence_header, producer,
@@ -450,9 +458,62 @@ fn with_identity_headers<'py>(
         ));
     };
     // Written straight into the bytes object Python gets: no copy of a large batch.
-    PyBytes::new_with(py, size, |out| {
-        py.detach(|| write_rewrite(records, &plan, &names, producer, out));
-        Ok(())
+    bytes_written_without_gil(py, size, |out| {
+        write_rewrite(records, &plan, &names, producer, out)
+    })
+}
+
+/// A new bytes object of `len` bytes, all written by `fill` (which says how many it wrote)
+/// without the GIL. PyO3's `PyBytes::new_with` zeroes the object first, with the GIL held:
+/// for tens of megabytes that is most of the time (the first touch of every page), and
+/// Python's other threads, the event loop's among them, stand still for it. Here the object
+/// is left unwritten until `fill` runs, and never handed out unless every byte was written.
+fn bytes_written_without_gil<'py, F>(
+    py: Python<'py>,
+    len: usize,
+    fill: F,
+) -> PyResult<Bound<'py, PyBytes>>
+where
+    F: FnOnce(&mut [u8]) -> usize + Send,
+{
+    let size = ffi::Py_ssize_t::try_from(len)
+        .map_err(|_| PyValueError::new_err(format!("{len} bytes are too many")))?;
+    // SAFETY: a bytes object made from a null pointer is new, uniquely ours and writable
+    // until it is handed out; its `len` bytes stay valid while `bytes` holds it.
+    unsafe {
+        let object = ffi::PyBytes_FromStringAndSize(std::ptr::null(), size);
+        let bytes = Bound::from_owned_ptr_or_err(py, object)?.cast_into_unchecked::<PyBytes>();
+        let buffer =
+            std::slice::from_raw_parts_mut(ffi::PyBytes_AsString(object).cast::<u8>(), len);
+        let written = py.detach(|| fill(buffer));
+        if written != len {
+            return Err(PyValueError::new_err(format!(
+                "{written} of {len} bytes written: the object is not handed out"
+            )));
+        }
+        Ok(bytes)
+    }
+}
+
+/// `copy_of(data, start, end)`: a new bytes object of data[start:end], copied with the GIL
+/// released. Python's slicing holds the GIL while it copies: from a worker thread, a copy
+/// of tens of megabytes would still hold the event loop for as long.
+#[pyfunction]
+fn copy_of<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    start: usize,
+    end: usize,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let Some(span) = data.get(start..end) else {
+        return Err(PyValueError::new_err(format!(
+            "bytes {start}..{end} are not within {} bytes",
+            data.len()
+        )));
+    };
+    bytes_written_without_gil(py, span.len(), |out| {
+        out.copy_from_slice(span);
+        out.len()
     })
 }
 
@@ -460,6 +521,7 @@ fn with_identity_headers<'py>(
 fn _records(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(scan, module)?)?;
     module.add_function(wrap_pyfunction!(with_identity_headers, module)?)?;
+    module.add_function(wrap_pyfunction!(copy_of, module)?)?;
     Ok(())
 }
 
