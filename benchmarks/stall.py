@@ -102,6 +102,9 @@ class StallRow:
     big_requests: int | None = None  # Produce requests the proxy got meanwhile (small incl.)
     big_request_mb: float | None = None  # their bytes (the big one is nearly all of it)
     proxy_cpu_s: float | None = None  # during the big request
+    # Every event-loop lag of the proxy during the big request was at most this (the
+    # smallest bucket of `dedup_proxy_event_loop_lag_seconds` holding them all)
+    loop_lag_max_ms: float | None = None
     baseline_records: int = 0
     baseline_p50_ms: float | None = None
     baseline_p99_ms: float | None = None
@@ -293,6 +296,27 @@ def _fill_proxy(row: StallRow, before: Any, after: Any) -> None:
     row.big_requests = round(after[1].get(PRODUCE_REQUESTS, 0) - before[1].get(PRODUCE_REQUESTS, 0))
     request_bytes = after[1].get(PRODUCE_REQUEST_BYTES, 0) - before[1].get(PRODUCE_REQUEST_BYTES, 0)
     row.big_request_mb = request_bytes / MB
+    row.loop_lag_max_ms = loop_lag_bound_ms(before[1], after[1])
+
+
+LOOP_LAG_BUCKET = 'dedup_proxy_event_loop_lag_seconds_bucket{le="'
+
+
+def loop_lag_bound_ms(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """The smallest lag bucket bound (ms) that holds every lag observed between the two
+    scrapes; None without observations (or without the metric)."""
+    bounds = sorted(
+        (float(name[len(LOOP_LAG_BUCKET) : -2]), name)
+        for name in after
+        if name.startswith(LOOP_LAG_BUCKET) and not name.endswith('+Inf"}')
+    )
+    total = after.get(LOOP_LAG_BUCKET + '+Inf"}', 0) - before.get(LOOP_LAG_BUCKET + '+Inf"}', 0)
+    if total <= 0:
+        return None
+    for bound, name in bounds:
+        if after[name] - before.get(name, 0) >= total:
+            return bound * 1000
+    return float("inf")
 
 
 def run(stage: Stage, settings: Settings, rows: list[StallRow]) -> None:
@@ -327,7 +351,7 @@ def progress_text(row: StallRow) -> str:
     )
     if row.big_requests is not None:
         text += f"; proxy {row.big_requests} requests, {row.big_request_mb:.1f} MB, "
-        text += f"{row.proxy_cpu_s:.2f} CPU-s"
+        text += f"{row.proxy_cpu_s:.2f} CPU-s, event-loop lag <= {_ms(row.loop_lag_max_ms)} ms"
     if row.errors:
         text += f" [red]{row.errors} errors: {row.note}[/]"
     return text
@@ -348,6 +372,8 @@ def summarize(rows: list[StallRow]) -> list[StallRow]:
         row.baseline_max_ms = max((r.baseline_max_ms or 0.0) for r in runs)
         row.baseline_p99_ms = max((r.baseline_p99_ms or 0.0) for r in runs)
         row.during_p99_ms = max((r.during_p99_ms or 0.0) for r in runs)
+        lags = [r.loop_lag_max_ms for r in runs if r.loop_lag_max_ms is not None]
+        row.loop_lag_max_ms = max(lags) if lags else None
         row.errors = sum(r.errors for r in runs)
         row.note = f"worst of {len(runs)} rounds (by the maximum during the big request)"
         summary.append(row)
@@ -372,6 +398,7 @@ def print_summary(console: Any, rows: list[StallRow], summary: list[StallRow]) -
         "during p99",
         "during max",
         "records during",
+        "proxy loop lag <=",
     ):
         table.add_column(column, justify="left" if column == "target" else "right")
     for row in rows + summary:
@@ -386,6 +413,7 @@ def print_summary(console: Any, rows: list[StallRow], summary: list[StallRow]) -
             _ms(row.during_p99_ms),
             _ms(row.during_max_ms),
             str(row.during_records),
+            _ms(row.loop_lag_max_ms),
         )
     console.print(table)
 

@@ -38,6 +38,12 @@ UPSTREAM_ERRORS = Counter(
     "dedup_proxy_upstream_errors_total", "Failures talking to upstream brokers, by kind", ["kind"]
 )
 BROKER_LISTENERS = Gauge("dedup_proxy_broker_listeners", "Broker listeners currently open")
+EVENT_LOOP_LAG = Histogram(
+    "dedup_proxy_event_loop_lag_seconds",
+    "How late the event loop woke a 10 ms timer: how long one piece of work held it, and so "
+    "every connection of the process",
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+)
 REWRITES = Counter(
     "dedup_proxy_response_rewrites_total", "Responses decoded and rewritten, by API", ["api"]
 )

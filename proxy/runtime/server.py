@@ -22,7 +22,7 @@ from typing import Protocol
 import structlog
 
 from proxy.kafka.topology import Endpoint, Topology
-from proxy.runtime import metrics
+from proxy.runtime import loop_lag, metrics
 from proxy.runtime.chain import FilterChain
 from proxy.runtime.cluster import UpstreamCluster
 from proxy.runtime.connection import ClientConnection, ConnectionSettings, UpstreamResolver
@@ -89,6 +89,7 @@ class ProxyServer:
         self._max_connections = settings.max_connections_per_listener
         self._open_per_listener: collections.Counter[str] = collections.Counter()
         self._refresh_task: asyncio.Task[None] | None = None
+        self._lag_task: asyncio.Task[None] | None = None
         self._bootstrap_rotation = itertools.count()
 
     @property
@@ -132,12 +133,14 @@ class ProxyServer:
         for service in self._services:
             await service.start()
         self._refresh_task = asyncio.create_task(self._refresh_loop(), name="metadata-refresh")
+        self._lag_task = asyncio.create_task(loop_lag.watch(), name="event-loop-lag")
 
     async def shutdown(self) -> None:
         """Close listeners, let every connection answer what it took, then close them."""
         log.info("shutting down", connections=len(self._connections))
-        if self._refresh_task is not None:
-            self._refresh_task.cancel()
+        for task in (self._refresh_task, self._lag_task):
+            if task is not None:
+                task.cancel()
         servers = [s for s in [self._bootstrap_server, *self._broker_servers.values()] if s]
         for server in servers:
             server.close()

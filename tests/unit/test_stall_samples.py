@@ -1,11 +1,11 @@
 """How the stall benchmark sorts the small producer's acknowledgements around the big
-request, and the figures it reports for them."""
+request, the figures it reports for them, and the proxy's event-loop lag around it."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.stall import latency_figures, split_samples
+from benchmarks.stall import LOOP_LAG_BUCKET, latency_figures, loop_lag_bound_ms, split_samples
 
 pytestmark = pytest.mark.unit
 
@@ -32,3 +32,26 @@ def test_figures_in_milliseconds() -> None:
     assert p99 == pytest.approx(99.0)
     assert top == pytest.approx(100.0)
     assert latency_figures([]) == (0, None, None, None)
+
+
+LAG_BOUNDS = ("0.001", "0.002", "0.005", "0.01", "+Inf")
+
+
+def lag_scrape(*counts: float) -> dict[str, float]:
+    return {
+        f'{LOOP_LAG_BUCKET}{bound}"}}': count
+        for bound, count in zip(LAG_BOUNDS, counts, strict=True)
+    }
+
+
+def test_the_loop_lag_is_the_smallest_bucket_holding_every_new_lag() -> None:
+    before = lag_scrape(1, 1, 1, 1, 1)
+    assert loop_lag_bound_ms(before, lag_scrape(5, 8, 9, 9, 9)) == 5.0
+    assert loop_lag_bound_ms(before, lag_scrape(4, 4, 4, 4, 4)) == 1.0
+
+
+def test_no_new_lag_is_none_and_one_past_every_bound_is_infinite() -> None:
+    before = lag_scrape(1, 1, 1, 1, 1)
+    assert loop_lag_bound_ms(before, before) is None
+    assert loop_lag_bound_ms(before, lag_scrape(1, 1, 1, 1, 2)) == float("inf")
+    assert loop_lag_bound_ms({}, {}) is None

@@ -18,6 +18,10 @@
 //!
 //! Both take `data` and the offset where the records start (so a batch's own bytes need
 //! no copy), and run without the GIL: a large batch does not hold the event loop's thread.
+//!
+//! A third, `copy_of`, copies a span of bytes without the GIL: the hand decoder of large
+//! Produce requests (`proxy.kafka.produce_decoder`) copies their records with it from a
+//! worker thread.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
