@@ -55,10 +55,9 @@ class LinkClosed(ConnectionError):
 def records_for_request(parts: Sequence[bytes | memoryview]) -> RecordBytes:
     """A partition's records for the writer's Produce request: from `QUEUED_FROM_BYTES` on
     left in pieces (such a request is written unjoined), else one bytes object."""
-    pieces = RecordPieces(parts)
-    if pieces.size >= QUEUED_FROM_BYTES:
-        return pieces
-    return bytes(pieces)
+    if sum(map(len, parts)) >= QUEUED_FROM_BYTES:
+        return RecordPieces(parts)
+    return b"".join(parts)
 
 
 def encode_request(payload: Any, correlation_id: int, client_id: str = CLIENT_ID) -> bytes:
