@@ -48,7 +48,7 @@ from dedup.batches import (
     build_batch,
     read_batches,
     restamp_batch,
-    rewrite_with_identity_headers,
+    rewritten_with_identity_headers,
 )
 
 BATCH_BYTES: Final = 1_000_000
@@ -183,9 +183,10 @@ def _rebuild_without_first(data: bytes) -> bytes:
 
 def _rewritten(data: bytes) -> bytes:
     [batch] = read_batches(data)
-    return rewrite_with_identity_headers(
+    header, records = rewritten_with_identity_headers(
         batch, producer_id=PRODUCER[0], producer_epoch=PRODUCER[1], base_sequence=PRODUCER[2]
     )
+    return header + records
 
 
 def timed_rounds(

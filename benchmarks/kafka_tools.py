@@ -54,7 +54,7 @@ from benchmarks.passthrough import (
     write_csv,
 )
 from benchmarks.pinning import check_pin_argument
-from benchmarks.stage import Stage, StageSettings, add_stage_arguments, git_commit
+from benchmarks.stage import Stage, add_stage_arguments, git_commit, stage_settings
 from benchmarks.tool_output import (
     ConsumerSummary,
     ProducerSummary,
@@ -769,14 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     settings.out.mkdir(parents=True, exist_ok=True)
     meta = describe(settings)
     stage = Stage(
-        StageSettings(
-            settings.out,
-            settings.ports,
-            settings.bootstrap,
-            settings.redis,
-            settings.keep_env,
-            pin=settings.pin,
-        ),
+        stage_settings(settings),
         console,
         meta,
         "kt",

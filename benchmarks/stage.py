@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from benchmarks.passthrough import (
     DIRECT,
@@ -69,6 +69,28 @@ class StageSettings:
     keep_env: bool = False
     proxy_env: Mapping[str, str] = field(default_factory=dict)  # extra DEDUP_PROXY_* settings
     pin: bool = False  # `benchmarks.pinning`
+
+
+class StagedRun(Protocol):
+    """What a benchmark's settings say of its stage."""
+
+    out: Path
+    ports: dict[str, tuple[int, int, int]]
+    bootstrap: str | None
+    redis: str | None
+    keep_env: bool
+    pin: bool
+
+
+def stage_settings(settings: StagedRun) -> StageSettings:
+    return StageSettings(
+        settings.out,
+        settings.ports,
+        settings.bootstrap,
+        settings.redis,
+        settings.keep_env,
+        pin=settings.pin,
+    )
 
 
 class Stage:

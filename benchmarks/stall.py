@@ -48,7 +48,7 @@ from benchmarks.passthrough import (
     write_csv,
 )
 from benchmarks.pinning import check_pin_argument
-from benchmarks.stage import Stage, StageSettings, add_stage_arguments, git_commit
+from benchmarks.stage import Stage, add_stage_arguments, git_commit, stage_settings
 
 BIG_RECORD_BYTES = 1000
 SMALL_RECORD_BYTES = 100
@@ -510,14 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git_commit(),
     }
     stage = Stage(
-        StageSettings(
-            settings.out,
-            settings.ports,
-            settings.bootstrap,
-            settings.redis,
-            settings.keep_env,
-            pin=settings.pin,
-        ),
+        stage_settings(settings),
         console,
         meta,
         "stall",

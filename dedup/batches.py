@@ -4,7 +4,7 @@ the batch the proxy forwards from the records it keeps.
 A uniform batch (every record of one producer with sequences in a row, or every record of
 implicit identity) is read by the project's Rust scan (`dedup._records`, built from
 `records_native/`) into a `BatchRun`, its records left undecoded (`LazyRecords`); implicit
-identities get their headers by the Rust rewrite (`rewrite_with_identity_headers`). The scan
+identities get their headers by the Rust rewrite (`rewritten_with_identity_headers`). The scan
 declines anything else, which is read record by record: the record-batch format (magic 2)
 is read and written by aiokafka's compiled codec
 (`aiokafka.record._crecords`), with kafka-python's pure-Python reader as the reference for
@@ -1320,7 +1320,7 @@ def build_batch(
 def identity_records(batch: IncomingBatch, headers: IdentityHeaders = DEFAULT_HEADERS) -> bytes:
     """The records of a rewritable uniform batch (`BatchRun.rewritable`) with the two
     identity headers appended to each, compressed with the batch's codec: what follows the
-    header in `rewrite_with_identity_headers`. Independent of the producer the batch is
+    header in `rewritten_with_identity_headers`. Independent of the producer the batch is
     written under, so it may be made ahead (in a worker thread: the rewrite and the codecs
     release the GIL)."""
     run = batch.run
@@ -1344,31 +1344,6 @@ def identity_records(batch: IncomingBatch, headers: IdentityHeaders = DEFAULT_HE
     return records if codec == CODEC_NONE else _ENCODERS[codec](records)
 
 
-def rewrite_with_identity_headers(
-    batch: IncomingBatch,
-    *,
-    producer_id: int,
-    producer_epoch: int,
-    base_sequence: int,
-    headers: IdentityHeaders = DEFAULT_HEADERS,
-    records: bytes | None = None,
-) -> bytes:
-    """What `build_batch` writes for every record of a rewritable uniform batch
-    (`BatchRun.rewritable`) with `add_identity_headers`, byte for byte, by the Rust rewrite:
-    each record copied with the two identity headers appended, no Python object per record.
-    `records`: its `identity_records`, when made ahead."""
-    return b"".join(
-        rewritten_with_identity_headers(
-            batch,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            base_sequence=base_sequence,
-            headers=headers,
-            records=records,
-        )
-    )
-
-
 def rewritten_with_identity_headers(
     batch: IncomingBatch,
     *,
@@ -1378,8 +1353,12 @@ def rewritten_with_identity_headers(
     headers: IdentityHeaders = DEFAULT_HEADERS,
     records: bytes | None = None,
 ) -> tuple[bytes, bytes]:
-    """`rewrite_with_identity_headers` in two pieces, the batch header and the records, so
-    a large batch need not be copied again to join them (`RecordPieces`)."""
+    """What `build_batch` writes for every record of a rewritable uniform batch
+    (`BatchRun.rewritable`) with `add_identity_headers`, byte for byte, by the Rust rewrite:
+    each record copied with the two identity headers appended, no Python object per record.
+    In two pieces, the batch header and the records, so a large batch need not be copied
+    again to join them (`RecordPieces`). `records`: its `identity_records`, when made
+    ahead."""
     if producer_id >= 0 and (producer_epoch < 0 or base_sequence < 0):
         raise ValueError(
             f"producer id {producer_id} needs an epoch and a base sequence >= 0, "

@@ -5,39 +5,24 @@ kio, by kio on the event loop."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import threading
 from typing import Any
 
-import kio.schema.produce.v9.request as produce_v9
 import pytest
-from kio.schema.types import TopicName
-from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from dedup.produce_filter import DECODE_OFF_LOOP_BYTES, _decoded
 from proxy.kafka.schemas import decode_request_body
 from proxy.kafka.upstream_client import encode_request
 from proxy.kafka.wire import FrameError, parse_request_header
 from proxy.runtime.chain import RequestFrame
+from tests.support.raw import produce_request
 from tests.support.threads import record_to_thread
 
 pytestmark = pytest.mark.unit
 
 
 def frame_of(records: bytes, tail: bytes = b"") -> RequestFrame:
-    request = produce_v9.ProduceRequest(
-        transactional_id=None,
-        acks=i16(-1),
-        timeout=i32Timedelta.parse(datetime.timedelta(seconds=5)),
-        topic_data=(
-            produce_v9.TopicProduceData(
-                name=TopicName("t"),
-                partition_data=(
-                    produce_v9.PartitionProduceData(index=i32(0), records=Records(records)),
-                ),
-            ),
-        ),
-    )
+    request = produce_request("t", {0: records})
     payload = encode_request(request, 7)[4:]
     if tail:  # replace the body's empty tagged fields
         payload = payload[:-1] + tail
