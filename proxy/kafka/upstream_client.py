@@ -113,7 +113,7 @@ class UpstreamClient:
         self._correlation = itertools.count(1)
         self._closed: BaseException | None = None
         self._queued_from = queued_from_bytes
-        # (payload, correlation id, whether it is framed in a worker thread)
+        # (payload, correlation id, whether it is large: written in pieces, never joined)
         self._queued: deque[tuple[Any, int, bool]] = deque()
         self._queue_task: asyncio.Task[None] | None = None
 
@@ -170,8 +170,8 @@ class UpstreamClient:
         return answer
 
     async def _write_queued(self) -> None:
-        """Write the queued requests in order; a large one framed in a worker thread and
-        handed to the transport a piece at a time, as the socket takes them."""
+        """Write the queued requests in order; a large one in its parts, never joined, handed
+        to the transport a piece at a time as the socket takes them."""
         writer = self._writer
         assert writer is not None
         try:
