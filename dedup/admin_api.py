@@ -58,7 +58,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
         topic, partition, name = _topic(request), _partition(request), request.match_info["name"]
         await recovered(topic, [partition])
         await service.engine.flush_persisted()
-        producers = await state.producers(topic, partition)
+        producers = await service.producers(topic, partition)
         found = producers.get(name)
         return web.json_response(
             {
@@ -92,7 +92,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
     async def producers(request: web.Request) -> web.Response:
         topic, partition = _topic(request), _partition(request)
         await service.engine.flush_persisted()
-        tracked = await state.producers(topic, partition)
+        tracked = await service.producers(topic, partition)
         return web.json_response(
             {
                 "topic": topic,
@@ -311,6 +311,7 @@ async def _clear_newly_disabled(
     cleared = []
     for topic in await service.state.topics():
         if after.mode_for(topic) is Mode.DISABLED and before.mode_for(topic) is not Mode.DISABLED:
+            service.engine.forget_topic(topic)
             await service.state.clear(topic)
             cleared.append(topic)
     return sorted(cleared)

@@ -56,6 +56,10 @@ class ChunkError(ValueError):
     """Chunk headers, or a chunk, that must be refused; the message says why."""
 
 
+class ChunkGap(ChunkError):
+    """A chunk that skips ahead: the chunk before it may still come (retriable)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkMeta:
     """What a record's chunk headers say."""
@@ -213,10 +217,10 @@ def accept_chunk(
     if current is not None and current.sequence == sequence:
         check_consistent(current, sequence, meta)
         if meta.chunk_id != current.chunk_id + 1:
-            raise ChunkError(f"{where} skips ahead: the next chunk is {current.chunk_id + 1}")
+            raise ChunkGap(f"{where} skips ahead: the next chunk is {current.chunk_id + 1}")
         size_so_far = current.size
     elif meta.chunk_id != 0:
-        raise ChunkError(f"{where} skips ahead: the message's chunk 0 was never accepted")
+        raise ChunkGap(f"{where} skips ahead: the message's chunk 0 was never accepted")
     total = size_so_far + size
     if total > meta.total_size:
         raise ChunkError(

@@ -9,9 +9,11 @@ For one client Produce request:
 2. Each partition's batches are read (`dedup.batches`): identity per record, bad input
    refused for that partition only. A partition named twice in one request keeps only its
    last data, as Kafka's broker does.
-3. One Redis round trip checks every partition (`dedup.state`): per record NOT_DUP
-   (forward), DUP (drop), UNKNOWN (refuse the partition batch, nothing written, retriable).
-   Checks queued while one is on its way share the next round trip (`dedup.group_check`),
+3. Every partition is checked: per record NOT_DUP (forward), DUP (drop), UNKNOWN (refuse
+   the partition batch, nothing written, retriable). The owner keeps the maps in memory
+   (`dedup.sequences`, `dedup.local_check`: the check costs no round trip), or with
+   ``check_state = "redis"`` one Redis round trip checks every partition (`dedup.state`),
+   checks queued while one is on its way sharing the next (`dedup.group_check`). Checks run
    in the order of the line; their verdicts are judged in it too.
 4. The kept records are rebuilt as one batch per partition and written by the proxy's own
    idempotent producer (`dedup.writer`): written exactly once, or definitely not.
@@ -43,7 +45,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -67,6 +69,7 @@ from dedup.batches import (
 from dedup.bindings import ProducerBindings
 from dedup.chunks import ChunkMeta, ChunkProgress
 from dedup.group_check import GroupCheck
+from dedup.local_check import LocalCheck
 from dedup.ownership.owner import Redirect
 from dedup.partitions import Key, PartitionState, _Ticket
 from dedup.persisted import PersistedRecorder
@@ -100,6 +103,9 @@ FIRST_USE_WAIT_S = 10.0
 READ_IN_THREAD_BYTES = 256 << 10
 _ATTRIBUTES_LOW_BYTE = 22  # of a record batch: its compression codec in the low 3 bits
 
+
+# Where the pushed / persisted maps are kept: in the owner's memory, or in Redis.
+CheckState = Literal["memory", "redis"]
 
 # The partitions whose check is queued, and their verdicts to come (None: nothing checked).
 _Checking = tuple[list["_Work"], "asyncio.Future[list[PartitionVerdict]] | None"]
@@ -220,6 +226,9 @@ class DedupEngine:
         limits: ReadLimits | None = None,
         max_request_decompressed_bytes: int = 128 << 20,
         bindings: ProducerBindings | None = None,
+        check_state: CheckState = "redis",
+        max_producers: int = 10_000,
+        max_sequence_jump: int = 0,
     ) -> None:
         self._state = state
         self._limits = limits or ReadLimits()
@@ -238,7 +247,20 @@ class DedupEngine:
         self._persisted = PersistedRecorder(
             state, on_lost=recoveries.state_lost, clock=clock, linger_s=persisted_linger_s
         )
-        self._group_check = GroupCheck(state, self._persisted, clock)
+        # The owner's maps in memory (Redis a copy of what was acknowledged, written behind),
+        # or the maps in Redis, checked there.
+        self._local: LocalCheck | None = None
+        self._checks: LocalCheck | GroupCheck
+        if check_state == "memory":
+            self._checks = self._local = LocalCheck(
+                self._partitions,
+                clock,
+                max_producers=max_producers,
+                max_sequence_jump=max_sequence_jump,
+            )
+            recoveries.on_opened = self._local.opened
+        else:
+            self._checks = GroupCheck(state, self._persisted, clock)
 
     async def flush_persisted(self) -> None:
         """Wait until every acknowledged sequence is recorded in Redis."""
@@ -255,7 +277,7 @@ class DedupEngine:
     async def close(self) -> None:
         """Stop the resets and the check under way (the next start recovers those
         partitions anyway)."""
-        await self._group_check.close()
+        await self._checks.close()
         for task in list(self._background):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -331,6 +353,8 @@ class DedupEngine:
             return None
         snapshot = await self._policies.snapshot()
         topics = [str(topic.name) for topic in request.topic_data]
+        if self._local is not None:
+            self._forget_disabled(request, snapshot)
         if all(snapshot.mode_for(topic) is Mode.DISABLED for topic in topics):
             return None
         # Nothing below awaits: the places in line follow the order of arrival.
@@ -469,7 +493,7 @@ class DedupEngine:
             return [], None
         for item, check in pairs:
             item.checked_as = check
-        return [w for w, _ in pairs], self._group_check.queue([c for _, c in pairs])
+        return [w for w, _ in pairs], self._checks.queue([c for _, c in pairs])
 
     def _take_turn(self, work: list[_Work]) -> None:
         """Every request ahead is submitted or refused: a retriable refusal of this one
@@ -510,6 +534,8 @@ class DedupEngine:
                 self._refuse(item, _recovering())
                 continue
             if verdict.evicted:
+                if self._local is not None:  # Redis's copy forgets them too
+                    self._spawn(self._forget_in_redis(item.key, verdict.evicted))
                 metrics.EVICTIONS.inc(len(verdict.evicted))
                 log.info(
                     "evicted idle producers",
@@ -716,7 +742,11 @@ class DedupEngine:
                 if result.base_offset >= 0:
                     end_offset = result.base_offset + written_records
                 if item.checked:
-                    self._persisted.add(item.topic, item.partition, _highest_kept(item), item.token)
+                    highest = _highest_kept(item)
+                    table = self._state_of(item).sequences
+                    if table is not None and table.token == item.token:
+                        table.persisted(highest, self._clock.clock_ms())
+                    self._persisted.add(item.topic, item.partition, highest, item.token)
                 item.answer = PartitionAnswer(
                     base_offset=result.base_offset if item.dropped == 0 else -1,
                     log_append_time_ms=result.log_append_time_ms,
@@ -788,6 +818,12 @@ class DedupEngine:
     async def _reset(self, topic: str, partition: int, state: PartitionState) -> None:
         """Every write that passed the check has its outcome: forget what was pushed but
         never persisted, so the client's retry is accepted. Retried until Redis answers."""
+        if self._local is not None:  # the maps are here: nothing to wait for
+            if state.sequences is not None:
+                state.sequences.reset()
+            state.open.set()
+            log.info("partition reset after a failed write", topic=topic, partition=partition)
+            return
         delay = 0.1
         while True:
             try:
@@ -838,6 +874,32 @@ class DedupEngine:
                         f"{owner}, not {principal}",
                     ),
                 )
+
+    def _forget_disabled(self, request: Any, snapshot: PolicySnapshot) -> None:
+        """Maps kept here of partitions whose topic has dedup disabled are dropped: records
+        written meanwhile go round the check, so a later enabling must recover the
+        partition from the log (as the maps in Redis are cleared when dedup is disabled)."""
+        for topic in request.topic_data:
+            name = str(topic.name)
+            if snapshot.mode_for(name) is not Mode.DISABLED:
+                continue
+            for part in topic.partition_data:
+                state = self._partitions.get((name, int(part.index)))
+                if state is not None and state.sequences is not None:
+                    self._recoveries.forget((name, int(part.index)))
+
+    def forget_topic(self, topic: str) -> None:
+        """Dedup was disabled for the topic: the maps kept here go (`_forget_disabled`)."""
+        for key, state in list(self._partitions.items()):
+            if key[0] == topic and state.sequences is not None:
+                self._recoveries.forget(key)
+
+    async def _forget_in_redis(self, key: Key, producers: Sequence[str]) -> None:
+        """Evicted here: gone from Redis's copy too, so a snapshot does not bring them back."""
+        try:
+            await self._state.forget_producers(key[0], key[1], producers)
+        except RedisError as exc:
+            log.warning("evicted producers stay in Redis's copy", error=str(exc))
 
     # ------------------------------------------------------------- plumbing
 

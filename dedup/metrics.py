@@ -14,7 +14,8 @@ CHECK_ROUND_TRIPS = Counter(
     "Redis round trips of the dedup check; Produce requests checked: dedup_checked_requests_total",
 )
 CHECKED_REQUESTS = Counter(
-    "dedup_checked_requests_total", "Produce requests whose check went to Redis"
+    "dedup_checked_requests_total",
+    "Produce requests checked (check_state redis: in dedup_check_round_trips_total round trips)",
 )
 BAD_INPUT = Counter(
     "dedup_bad_input_total", "Partition batches refused for bad input, by error", ["error"]

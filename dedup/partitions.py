@@ -5,6 +5,8 @@
   back in line requests are refused after one was not written (`PartitionState.refuse_through`).
 - Recovery: whether the partition's dedup state has been rebuilt from the log by this
   proxy process (``recovered``), and the token that proves Redis still holds that state.
+- The sequence maps themselves, when the owner keeps them (``check_state = "memory"``,
+  `dedup.sequences`): loaded by the recovery, checked and updated by the engine.
 - The acknowledgement cursor (`AckCursor`): the offset a snapshot may claim to cover.
 - Snapshot bookkeeping for `dedup.snapshotter`.
 """
@@ -14,6 +16,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dedup.sequences import PartitionSequences
 
 
 @dataclass(slots=True)
@@ -79,6 +85,7 @@ class PartitionState:
     holder: str | None = None  # another instance held the lease when this one tried
     holder_until: float = 0.0  # event loop time until which `holder` is believed
     token: str = ""  # proves Redis holds the state this process recovered
+    sequences: PartitionSequences | None = None  # the maps, when kept in memory
     cursor: AckCursor = field(default_factory=lambda: AckCursor(0))
 
     snapshot_generation: int = 0  # of the next snapshot

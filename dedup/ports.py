@@ -40,6 +40,10 @@ class StateStore(PersistedStore, Protocol):
 
     async def reset_pushed(self, topic: str, partition: int, token: str | None = None) -> bool: ...
 
+    async def forget_producers(
+        self, topic: str, partition: int, producers: Sequence[str]
+    ) -> bool: ...
+
 
 class Writer(Protocol):
     """The proxy's idempotent producer (`dedup.writer.IdempotentWriter`)."""

@@ -47,7 +47,7 @@ from dedup.fencing import Fencer
 from dedup.ownership.leases import UNKNOWN, Held, Lease, PartitionLeases
 from dedup.replay import ReplayResult, replay_partition
 from dedup.snapshots import Snapshot, SnapshotStore, StoredSnapshots
-from dedup.state import DedupState, clock_ms
+from dedup.state import DedupState, RecoveredState, clock_ms
 from dedup.writer import IdempotentWriter
 
 log = structlog.get_logger(__name__)
@@ -68,6 +68,7 @@ class RecoveredPartition:
     replayed: int  # records read by the replay
     producers: int
     seconds: float
+    state: RecoveredState | None = None  # what was loaded (pushed = persisted)
 
 
 class NotOwner(Exception):
@@ -265,6 +266,7 @@ class Recovery:
             replayed.records,
             len(producers),
             seconds,
+            RecoveredState(producers, chunks),
         )
 
     def _choose(self, key: _Key, end: int, stored: StoredSnapshots) -> Snapshot | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -62,6 +62,8 @@ class RecoveryScheduler:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._recovered = asyncio.Condition()
+        # Told of every partition a recovery loaded, as it opens (the maps kept in memory).
+        self.on_opened: Callable[[Key, RecoveredPartition], None] = lambda key, result: None
 
     async def close(self) -> None:
         if self._task is not None:
@@ -129,6 +131,7 @@ class RecoveryScheduler:
             return
         state.recovered = False
         state.token = ""
+        state.sequences = None
         state.open.set()
 
     async def ensure_recovered(self, partitions: Sequence[Key], timeout_s: float) -> bool:
@@ -213,6 +216,7 @@ class RecoveryScheduler:
     def _opened(self, key: Key, result: RecoveredPartition) -> None:
         state = self.partitions.of(key)
         state.token = result.token
+        self.on_opened(key, result)
         state.cursor = AckCursor(result.end)
         state.snapshot_generation = result.next_generation
         state.snapshot_offset = None if result.snapshot is None else result.snapshot.offset

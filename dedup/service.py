@@ -29,7 +29,7 @@ from dedup.redis_connect import redacted, redis_from_url
 from dedup.settings import DedupSettings
 from dedup.snapshots import SnapshotError, SnapshotStore
 from dedup.snapshotter import SnapshotPolicy, Snapshotter
-from dedup.state import DedupState, clock_ms
+from dedup.state import DedupState, ProducerState, clock_ms
 from dedup.writer import IdempotentWriter, LeaderLookup
 from proxy.kafka.topology import Endpoint
 from proxy.runtime.security import UpstreamSecurity
@@ -172,6 +172,9 @@ class DedupService:
             ),
             max_request_decompressed_bytes=settings.max_request_decompressed_bytes,
             bindings=self.bindings if settings.bind_producer_names else None,
+            check_state=settings.check_state,
+            max_producers=settings.max_producers_per_partition,
+            max_sequence_jump=settings.max_sequence_jump,
         )
         self.snapshotter = Snapshotter(
             self.engine,
@@ -261,9 +264,19 @@ class DedupService:
             stored = (await self.snapshots.read([key]))[key]
             await self.snapshots.write_resets(topic, partition, {**stored.resets, producer: end})
             await self.engine.flush_persisted()
+            if held.sequences is not None:
+                held.sequences.forget(producer)
             await self.state.forget_producer(topic, partition, producer)
         log.info("producer reset", topic=topic, partition=partition, producer=producer, offset=end)
         return end
+
+    async def producers(self, topic: str, partition: int) -> dict[str, ProducerState]:
+        """Every producer the partition tracks: from the maps kept here when this instance
+        holds them (pushed included), else from Redis's copy."""
+        state = self.engine.partition_states().get((topic, partition))
+        if state is not None and state.sequences is not None:
+            return state.sequences.producers()
+        return await self.state.producers(topic, partition)
 
     async def topic_partitions(self, topic: str) -> list[int]:
         """The topic's partitions as Kafka reports them (empty: no such topic)."""
@@ -300,9 +313,14 @@ class DedupService:
         idle_ms = int(self.settings.producer_idle_timeout_s * 1000)
         while True:
             await asyncio.sleep(min(PURGE_INTERVAL_S, self.settings.producer_idle_timeout_s))
+            states = self.engine.partition_states()
             for topic, partition in self.engine.partitions():
+                older_than_ms = clock_ms() - idle_ms
+                table = states[(topic, partition)].sequences
+                if table is not None:  # the maps kept here first, then Redis's copy
+                    table.purge_idle(older_than_ms)
                 try:
-                    purged = await self.state.purge_idle(topic, partition, clock_ms() - idle_ms)
+                    purged = await self.state.purge_idle(topic, partition, older_than_ms)
                 except redis.RedisError as exc:
                     log.warning("idle producer purge failed", error=str(exc))
                     break

@@ -64,12 +64,20 @@ class DedupSettings(BaseSettings):
     policy_cache_s: float = Field(
         default=1.0, ge=0, description="how long a proxy may use policies before re-reading"
     )
+    check_state: Literal["memory", "redis"] = Field(
+        default="memory",
+        description="where the check's pushed / persisted maps live: 'memory', in the "
+        "instance that owns the partition (Pulsar's way: no Redis round trip per request; "
+        "Redis gets the acknowledged positions written behind), or 'redis', checked there "
+        "by a Lua script on every request",
+    )
     persisted_linger_s: float = Field(
         default=0.005,
         ge=0,
         le=1,
         description="how long acknowledged sequences wait to share one Redis write with the "
-        "acks that follow (a re-send meanwhile is answered 'retry', never taken as new)",
+        "acks that follow (check_state redis: a re-send meanwhile is answered 'retry', never "
+        "taken as new)",
     )
     max_batch_records: int = Field(
         default=50_000,

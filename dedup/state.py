@@ -627,11 +627,18 @@ class DedupState:
     async def forget_producer(self, topic: str, partition: int, producer: str) -> bool:
         """Remove one producer from every map of the partition (an operator's reset);
         whether it was there."""
+        return await self.forget_producers(topic, partition, [producer])
+
+    async def forget_producers(self, topic: str, partition: int, producers: Sequence[str]) -> bool:
+        """Remove these producers from every map of the partition (a reset, or evicted by
+        the maps kept in memory); whether any was there."""
+        if not producers:
+            return False
         pushed, persisted, seen, _, pushed_chunk, persisted_chunk, _ = self._keys(topic, partition)
         async with self._redis.pipeline(transaction=True) as pipe:  # one slot: MULTI works
             for key in (pushed, persisted, pushed_chunk, persisted_chunk):
-                pipe.hdel(key, producer)
-            pipe.zrem(seen, producer)
+                pipe.hdel(key, *producers)
+            pipe.zrem(seen, *producers)
             removed = await pipe.execute()
         return any(removed)
 

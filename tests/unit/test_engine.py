@@ -11,6 +11,11 @@
   `.settled`) where the real writer does.
 - `FakeRecovery` rebuilds a partition from that log (the highest sequence per producer),
   as `dedup.recovery` does from Kafka's, and can be held or made to fail.
+
+Every test runs twice, once per place the check's maps can live (``check_state``): in the
+owner's memory (`dedup.sequences`, the real maps; `FakeState` then only receives the copy
+of the acknowledged positions written behind) and in Redis (`FakeState`'s check). Tests
+marked ``redis_check`` are about the round trip to Redis itself and run in that mode only.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import itertools
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -59,13 +64,40 @@ from dedup.policies import Mode, PolicySnapshot
 from dedup.produce_filter import produce_response
 from dedup.recovery import NotOwner, RecoveredPartition
 from dedup.recovery_scheduler import RecoveryScheduler
-from dedup.state import Acked, PartitionCheck, PartitionVerdict, Persisted, Status
+from dedup.state import (
+    Acked,
+    PartitionCheck,
+    PartitionVerdict,
+    Persisted,
+    RecoveredState,
+    Status,
+)
 from dedup.writer import WITHDRAWN, BatchToWrite, WriteResult
 from proxy.kafka.produce_codec import RecordBytes, RecordPieces
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import QUEUED_FROM_BYTES
 
 pytestmark = pytest.mark.unit
+
+CHECK_STATES = ("memory", "redis")
+_check_state = "redis"  # of the running test (the autouse fixture below)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "check_state" in metafunc.fixturenames:
+        only_redis = metafunc.definition.get_closest_marker("redis_check") is not None
+        only_memory = metafunc.definition.get_closest_marker("memory_check") is not None
+        states = ["redis"] if only_redis else ["memory"] if only_memory else list(CHECK_STATES)
+        metafunc.parametrize("check_state", states, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def check_state(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Where `running` keeps the maps for this test."""
+    global _check_state
+    _check_state = request.param
+    yield request.param
+    _check_state = "redis"
 
 Key = tuple[str, int]
 BROKER = Endpoint("kafka", 9092)
@@ -160,6 +192,7 @@ class FakeState:
     # ... or "late": it raises, and its script reaches Redis only at `run_late_checks`.
     late_checks: list[Sequence[PartitionCheck]] = field(default_factory=list)
     acked_with_checks: int = 0  # check calls that recorded acknowledgements first
+    forgotten: list[tuple[Key, list[str]]] = field(default_factory=list)
 
     async def check_and_push(
         self, checks: Sequence[PartitionCheck], now_ms: int, acked: Acked | None = None
@@ -239,6 +272,15 @@ class FakeState:
                 self.persisted[key][producer] = persisted
                 self.pushed[key][producer] = max(persisted, self.pushed[key].get(producer, -1))
         return lost
+
+    async def forget_producers(self, topic: str, partition: int, producers: Sequence[str]) -> bool:
+        key = (topic, partition)
+        self.forgotten.append((key, list(producers)))
+        found = [p for p in producers if p in self.pushed[key] or p in self.persisted[key]]
+        for producer in producers:
+            self.pushed[key].pop(producer, None)
+            self.persisted[key].pop(producer, None)
+        return bool(found)
 
     def load(self, key: Key, token: str, highest: Mapping[str, int]) -> None:
         """What a recovery leaves: both maps from the log, a new token."""
@@ -400,7 +442,10 @@ class FakeRecovery:
             token = f"token-{next(self._tokens)}"
             self.state.load(key, token, highest)
             end = len(self.writer.log[key])
-            recovered[key] = RecoveredPartition(*key, token, end, None, 0, end, len(highest), 0.0)
+            loaded = RecoveredState({p: (s, NOW_MS) for p, s in highest.items()}, {})
+            recovered[key] = RecoveredPartition(
+                *key, token, end, None, 0, end, len(highest), 0.0, loaded
+            )
         return recovered, failed
 
 
@@ -449,6 +494,8 @@ class Rig:
     scheduler: RecoveryScheduler
     engine: DedupEngine
     owners: FakeOwners
+    policies: FixedPolicies
+    check_state: str
 
     async def admit(self, *parts: tuple[Key, bytes]) -> asyncio.Task[dict[Key, PartitionAnswer]]:
         """Admit one request now (its place in line) and start it, without waiting."""
@@ -475,14 +522,16 @@ async def running(
     policies: PolicySnapshot | None = None,
     max_request_decompressed_bytes: int = 128 << 20,
     persisted_linger_s: float = 0.005,
+    max_producers: int = 10_000,
 ) -> AsyncIterator[Rig]:
     state, writer = FakeState(), FakeWriter()
     recovery = FakeRecovery(state, writer)
     scheduler = RecoveryScheduler(recovery, retry_s=retry_s)
     owners = FakeOwners()
+    fixed = FixedPolicies(policies or PolicySnapshot(Mode.ENABLED))
     engine = DedupEngine(
         state,
-        FixedPolicies(policies or PolicySnapshot(Mode.ENABLED)),
+        fixed,
         writer,
         IdentityHeaders(),
         scheduler,
@@ -492,12 +541,31 @@ async def running(
         settle_wait_s=2.0,
         max_request_decompressed_bytes=max_request_decompressed_bytes,
         persisted_linger_s=persisted_linger_s,
+        check_state="memory" if _check_state == "memory" else "redis",
+        max_producers=max_producers,
     )
+    if _check_state == "memory":  # what is checked is recorded as FakeState records it
+        queue = engine._checks.queue
+
+        def recorded(checks: Sequence[PartitionCheck]) -> Any:
+            state.checked += [((c.topic, c.partition), list(c.identities)) for c in checks]
+            return queue(checks)
+
+        engine._checks.queue = recorded  # type: ignore[method-assign]
     try:
-        yield Rig(state, writer, recovery, scheduler, engine, owners)
+        yield Rig(state, writer, recovery, scheduler, engine, owners, fixed, _check_state)
     finally:
         await scheduler.close()
         await engine.close()
+
+
+def checked_at(rig: Rig, key: Key) -> set[int]:
+    """When the partition's checks were made, by the clock given to the engine."""
+    if rig.check_state == "redis":
+        return set(rig.state.now_ms)
+    sequences = rig.engine.partition_states()[key].sequences
+    assert sequences is not None
+    return {p.last_seen_ms for p in sequences.producers().values() if p.last_seen_ms}
 
 
 def ok(answer: PartitionAnswer) -> bool:
@@ -519,7 +587,7 @@ async def test_new_records_are_written_once_and_answered_with_their_offset() -> 
         assert second[P0] == PartitionAnswer(base_offset=3)
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
         assert rig.recovery.calls == [[P0]], "recovered once, on first use"
-        assert set(rig.state.now_ms) == {NOW_MS}, "the check is stamped with the given clock"
+        assert checked_at(rig, P0) == {NOW_MS}, "the check is stamped with the given clock"
 
 
 async def test_a_batch_of_new_records_is_written_as_the_client_sent_it_restamped() -> None:
@@ -725,12 +793,13 @@ async def test_a_batch_mixing_duplicates_and_new_records_writes_only_the_new() -
 
 async def test_a_resend_right_after_the_ack_is_a_duplicate_not_a_retry() -> None:
     """The acknowledgement is not in Redis yet (the flusher lingers), but the check of the
-    partition records it first, in its own round trip."""
+    partition sees it: the maps in memory took it at once; a check in Redis records it
+    first, in its own round trip."""
     async with running(persisted_linger_s=30) as rig:
         assert ok((await rig.send((P0, records("p", [0, 1]))))[P0])
         again = await rig.send((P0, records("p", [0, 1])))
         assert ok(again[P0]) and again[P0].base_offset == -1, again[P0]
-        assert rig.state.acked_with_checks == 1
+        assert rig.state.acked_with_checks == (1 if rig.check_state == "redis" else 0)
         assert rig.writer.log[P0] == in_order("p", [0, 1])
         await asyncio.wait_for(rig.engine.flush_persisted(), 5)  # nothing left behind
 
@@ -798,6 +867,7 @@ def test_pipelined_requests_are_checked_and_written_in_arrival_order(
     asyncio.run(scenario())
 
 
+@pytest.mark.redis_check
 async def test_a_later_request_is_not_checked_while_an_earlier_one_waits_for_redis() -> None:
     async with running() as rig:
         await rig.send((P0, records("p", [0])))
@@ -812,6 +882,7 @@ async def test_a_later_request_is_not_checked_while_an_earlier_one_waits_for_red
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
 
 
+@pytest.mark.redis_check
 async def test_checks_queued_while_one_waits_for_redis_share_the_next_round_trip() -> None:
     """A client's pipelined requests are checked together in one round trip (each after the
     one before it, as Redis runs a round trip's scripts in order) and written in order."""
@@ -832,6 +903,7 @@ async def test_checks_queued_while_one_waits_for_redis_share_the_next_round_trip
         assert rig.writer.log[P0] == in_order("p", range(9))
 
 
+@pytest.mark.redis_check
 async def test_a_refusal_refuses_the_requests_checked_with_it_and_undoes_their_push() -> None:
     """Checked in the same round trip as a request that is then refused (retriable), a
     later request is refused too (it was sent before that answer), and what its check
@@ -921,6 +993,7 @@ async def test_a_request_reaching_the_partition_after_an_earlier_one_failed_is_r
         assert rig.writer.log[P0] == in_order("p", range(5))
 
 
+@pytest.mark.redis_check
 async def test_a_failure_told_while_a_later_request_is_in_its_check_refuses_that_one() -> None:
     """The writer tells the failure before a later batch can take a sequence: the later
     request, checked meanwhile, is refused when its verdict comes back (it never reaches
@@ -1010,6 +1083,7 @@ async def test_any_writer_failure_is_answered_retriable_and_the_retry_is_written
         assert recovered_again == (step.lost is not None or step.outcome == "unresolved")
 
 
+@pytest.mark.redis_check
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_redis_failing_the_check_refuses_and_the_retry_is_accepted_after_the_reset(
     when: str,
@@ -1023,6 +1097,7 @@ async def test_redis_failing_the_check_refuses_and_the_retry_is_accepted_after_t
         assert retried[P0] == PartitionAnswer(base_offset=1)
 
 
+@pytest.mark.redis_check
 async def test_a_check_that_reached_redis_after_its_caller_gave_up_does_not_block_the_retry() -> (
     None
 ):
@@ -1044,6 +1119,7 @@ async def test_a_check_that_reached_redis_after_its_caller_gave_up_does_not_bloc
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
 
 
+@pytest.mark.redis_check
 async def test_state_lost_in_redis_recovers_the_partition_and_the_retry_is_accepted() -> None:
     async with running() as rig:
         await rig.send((P0, records("p", [0, 1])))
@@ -1054,6 +1130,68 @@ async def test_state_lost_in_redis_recovers_the_partition_and_the_retry_is_accep
         resent = await rig.send((P0, records("p", [1, 2])))
         assert ok(resent[P0]) and resent[P0].base_offset == -1
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2]), "1 read back from the log"
+
+
+# ----------------------------------------------------------------------------- maps in memory
+
+
+@pytest.mark.memory_check
+async def test_with_the_maps_in_memory_no_check_goes_to_redis() -> None:
+    async with running() as rig:
+        rig.state.fail_check = "before"  # were the check in Redis, it would fail
+        assert (await rig.send((P0, records("p", [0, 1]))))[P0] == PartitionAnswer(base_offset=0)
+        again = await rig.send((P0, records("p", [1, 2])))
+        assert ok(again[P0]) and again[P0].base_offset == -1
+        assert rig.state.now_ms == [], "no check script ran"
+        await rig.settle()
+        assert rig.state.persisted[P0] == {"p": 2}, "Redis has the acknowledged copy"
+
+
+@pytest.mark.memory_check
+async def test_redis_losing_its_copy_recovers_the_partition_from_the_log() -> None:
+    """Redis flushed: the maps here are still right, so the next request is written; the
+    copy written behind finds the token gone, and the partition is recovered from the log,
+    as with the maps in Redis."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0, 1])))
+        await rig.settle()
+        rig.state.forget(P0)
+        assert (await rig.send((P0, records("p", [2]))))[P0] == PartitionAnswer(base_offset=2)
+        await rig.settle()
+        assert len(rig.recovery.calls) == 2, "first use, then the lost copy"
+        resent = await rig.send((P0, records("p", [1, 2, 3])))
+        assert ok(resent[P0]) and resent[P0].base_offset == -1
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
+
+
+@pytest.mark.memory_check
+async def test_disabling_dedup_drops_the_maps_and_enabling_it_recovers_from_the_log() -> None:
+    """Records written while a topic's dedup is off go round the check; once it is on
+    again the partition is recovered, so a re-send of them is a duplicate."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        assert rig.engine.partition_states()[P0].sequences is not None
+        rig.policies.policies = PolicySnapshot(Mode.ENABLED, topics={P0[0]: Mode.DISABLED})
+        assert await rig.engine.admit(produce_request((P0, records("p", [1])))) is None
+        assert rig.engine.partition_states()[P0].sequences is None
+        rig.writer.log[P0].append(("p", 1))  # written straight to Kafka meanwhile
+        rig.policies.policies = PolicySnapshot(Mode.ENABLED)
+        again = await rig.send((P0, records("p", [1, 2])))
+        assert ok(again[P0]) and again[P0].base_offset == -1
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+        assert rig.recovery.calls == [[P0], [P0]]
+
+
+@pytest.mark.memory_check
+async def test_producers_evicted_from_the_maps_are_forgotten_in_redis_too() -> None:
+    async with running(max_producers=2) as rig:
+        for producer in ("a", "b", "c"):
+            assert ok((await rig.send((P0, records(producer, [0]))))[P0])
+            await rig.settle()
+        sequences = rig.engine.partition_states()[P0].sequences
+        assert sequences is not None and sorted(sequences.producers()) == ["b", "c"]
+        assert rig.state.forgotten == [(P0, ["a"])]
+        assert "a" not in rig.state.persisted[P0]
 
 
 # ----------------------------------------------------------------------------- one request
