@@ -99,6 +99,7 @@ def check_state(request: pytest.FixtureRequest) -> Iterator[str]:
     yield request.param
     _check_state = "redis"
 
+
 Key = tuple[str, int]
 BROKER = Endpoint("kafka", 9092)
 P0: Key = ("orders", 0)
