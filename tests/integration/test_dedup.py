@@ -36,7 +36,13 @@ from deploy.topics import create_topic
 from proxy.kafka.schemas import decode_response_body
 from proxy.kafka.upstream_client import encode_request
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all, values
-from tests.support.ports import IDLE_PURGE, RELAY_BOOTSTRAP, RELAY_BROKER_BASE, RELAYED
+from tests.support.ports import (
+    IDLE_PURGE,
+    REDIS_CHECK,
+    RELAY_BOOTSTRAP,
+    RELAY_BROKER_BASE,
+    RELAYED,
+)
 from tests.support.proxies import own_proxy
 from tests.support.proxy_api import admin_call
 from tests.support.raw import (
@@ -48,6 +54,7 @@ from tests.support.raw import (
     record_batch,
 )
 from tests.support.relay import Relay
+from tests.support.restartable import RestartableProxy
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
 
@@ -99,11 +106,11 @@ def recover(proxy: ProxyProcess, topic: str, partition: int = 0) -> int:
     return int(answer["end"])
 
 
-def in_state(local_env: EnvInfo, prefix: str, action: Any) -> Any:
+def in_state(redis_url: str, prefix: str, action: Any) -> Any:
     """Run ``action(state)`` against the proxy's own Redis state (white-box set-up)."""
 
     async def run() -> Any:
-        client = redis.asyncio.from_url(local_env.redis)
+        client = redis.asyncio.from_url(redis_url)
         try:
             return await action(DedupState(client, key_prefix=prefix))
         finally:
@@ -181,25 +188,52 @@ def test_batch_mixing_duplicates_and_new_records_forwards_only_new(
     assert values(local_env.bootstrap, topic) == [b"v0", b"v1", b"v2", b"v3"]
 
 
+REDIS_CHECK_DB = 11  # the Redis database of `redis_check_proxy`
+
+
+@pytest.fixture(scope="module")
+def redis_check_proxy(
+    local_env: EnvInfo, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RestartableProxy]:
+    """A dedup proxy whose check runs in Redis (``check_state = "redis"``)."""
+    restartable = RestartableProxy(
+        local_env,
+        tmp_path_factory.mktemp("redis-check"),
+        REDIS_CHECK,
+        REDIS_CHECK_DB,
+        "redis-check",
+        DEDUP_PROXY_CHECK_STATE="redis",
+    )
+    restartable.start()
+    yield restartable
+    restartable.stop()
+
+
 def test_pending_write_resent_is_unknown_and_never_written_twice(
-    dedup_proxy: ProxyProcess, local_env: EnvInfo, redis_key_prefix: str
+    redis_check_proxy: RestartableProxy, local_env: EnvInfo
 ) -> None:
+    """With the maps in Redis another writer's write in flight can be put there by hand:
+    a re-send of it is UNKNOWN until it is acknowledged, then a duplicate. (With the maps
+    in the owner's memory only the owner writes: `tests/unit/test_engine.py` holds its own
+    write in flight for the same rule.)"""
+    proxy = redis_check_proxy.process
+    assert proxy is not None
+    prefix = redis_check_proxy.settings["DEDUP_PROXY_REDIS_KEY_PREFIX"]
+    redis_url = redis_check_proxy.redis_url
     topic = new_topic(local_env.bootstrap)
-    assert produce_raw(dedup_proxy, explicit_request(topic, [("p-pending", 0)])).error_code == 0
+    assert produce_raw(proxy, explicit_request(topic, [("p-pending", 0)])).error_code == 0
     # Another write of sequence 5 is in flight: pushed, not yet persisted.
     in_state(
-        local_env,
-        redis_key_prefix,
+        redis_url,
+        prefix,
         lambda state: state.check_and_push([PartitionCheck(topic, 0, [("p-pending", 5)])], 0),
     )
-    unknown = produce_raw(dedup_proxy, explicit_request(topic, [("p-pending", 5)]))
+    unknown = produce_raw(proxy, explicit_request(topic, [("p-pending", 5)]))
     assert unknown.error_code == 19  # NOT_ENOUGH_REPLICAS: not written, retry later
     assert values(local_env.bootstrap, topic) == [b"v0"]
     # That other write is acknowledged: the retry is now a duplicate, success, not written.
-    in_state(
-        local_env, redis_key_prefix, lambda s: s.mark_persisted([(topic, 0, {"p-pending": 5})], 0)
-    )
-    retried = produce_raw(dedup_proxy, explicit_request(topic, [("p-pending", 5)]))
+    in_state(redis_url, prefix, lambda s: s.mark_persisted([(topic, 0, {"p-pending": 5})], 0))
+    retried = produce_raw(proxy, explicit_request(topic, [("p-pending", 5)]))
     assert (retried.error_code, retried.base_offset) == (0, -1)
     assert values(local_env.bootstrap, topic) == [b"v0"]
 

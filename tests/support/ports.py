@@ -58,6 +58,8 @@ TLS_REDIS = 17099  # test_tls: a Redis that speaks TLS only, with client certifi
 FLOOD = ProxyPorts(listen=29692, admin=29680, broker_base=29693)
 # test_hostile_input: a dedup proxy with max_sequence_jump.
 JUMP_BOUND = ProxyPorts(listen=29892, admin=29880, broker_base=29893)
+# test_dedup: a dedup proxy that checks in Redis (check_state redis).
+REDIS_CHECK = ProxyPorts(listen=29492, admin=29480, broker_base=29493)
 
 # test_workers: `serve --workers 2`; worker i serves admin + i and brokers at
 # broker_base + 100 * i (27293, 27393).
