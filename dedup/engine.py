@@ -104,6 +104,10 @@ READ_IN_THREAD_BYTES = 256 << 10
 _ATTRIBUTES_LOW_BYTE = 22  # of a record batch: its compression codec in the low 3 bits
 
 
+LEASE_NOT_RENEWED = (
+    "this instance could not renew its lease on the partition in time (Redis unreachable?)"
+)
+
 # Where the pushed / persisted maps are kept: in the owner's memory, or in Redis.
 CheckState = Literal["memory", "redis"]
 
@@ -626,6 +630,11 @@ class DedupEngine:
                 self._refuse(item, _recovering())
                 return
             if state.open.is_set():
+                if self._local is not None and not self._owners.lease_valid(item.key):
+                    # The maps here are the truth only while no other instance can have
+                    # taken the partition: its lease could not be renewed in time.
+                    self._refuse(item, _not_written(LEASE_NOT_RENEWED))
+                    return
                 item.token = state.token
                 return
             # After a failed write, wait for the reset: nothing may overtake the retry.

@@ -7,10 +7,17 @@ from that moment; loading the recovered state checks the lease again and opens i
 (``dedup/lua/load.lua``). The owner renews its leases every heartbeat; a lease not renewed
 for ``ttl`` can be taken by another instance, which then fences the suspects the lease
 names (see `dedup.recovery`).
+
+Each lease granted or renewed here has a deadline on this process's clock
+(`valid_until`): the time the request went out plus ``ttl``. Redis counts the lease's
+``ttl`` from when it ran the script, which is later, so until the deadline no other
+instance can have taken the lease: an owner that keeps its maps in memory checks against
+them only before it (`dedup.engine`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -69,7 +76,14 @@ class PartitionLeases:
         self._state = state
         self.instance_id = instance_id
         self.incarnation = incarnation
+        self._ttl_s = ttl_s
         self._ttl_ms = str(int(ttl_s * 1000))
+        # Per lease held: event-loop time before which no other instance can have taken it.
+        self.valid_until: dict[Key, float] = {}
+
+    def valid(self, key: Key) -> bool:
+        """Whether the lease on the partition, if this instance has one, cannot have expired."""
+        return asyncio.get_running_loop().time() < self.valid_until.get(key, 0.0)
 
     async def acquire(self, keys: Sequence[Key]) -> dict[Key, Granted | Held]:
         calls = [
@@ -81,11 +95,13 @@ class PartitionLeases:
             for key in keys
         ]
         outcomes: dict[Key, Granted | Held] = {}
+        sent = asyncio.get_running_loop().time()
         for key, reply in zip(keys, await self._state.run_scripts(calls), strict=True):
             status, *rest = (_text(x) for x in reply)
             if status == "held":
                 outcomes[key] = Held(rest[0], int(rest[1]))
                 continue
+            self.valid_until[key] = sent + self._ttl_s
             lease = Lease(*key, self.instance_id, self.incarnation, int(rest[0]))
             if status == "mine":
                 state, suspects = rest[1:]
@@ -105,12 +121,21 @@ class PartitionLeases:
             )
             for lease in leases
         ]
+        sent = asyncio.get_running_loop().time()
         replies = await self._state.run_scripts(calls)
-        return [lease for lease, ok in zip(leases, replies, strict=True) if not int(ok)]
+        lost = []
+        for lease, ok in zip(leases, replies, strict=True):
+            if int(ok):
+                self.valid_until[lease.key] = sent + self._ttl_s
+            else:
+                self.valid_until.pop(lease.key, None)
+                lost.append(lease)
+        return lost
 
     async def release(self, lease: Lease, clean: bool) -> bool:
         """Hand the partition back: ``clean`` when every write of ours is settled and the
         state snapshotted (the next owner then needs no fence)."""
+        self.valid_until.pop(lease.key, None)
         keys = self._state.partition_keys(lease.topic, lease.partition)
         (done,) = await self._state.run_scripts(
             [

@@ -154,6 +154,11 @@ class Ownership:
         owner = self.owner_of(key)
         return owner is None or owner.instance_id == self.me.instance_id
 
+    def lease_valid(self, key: Key) -> bool:
+        """Whether this instance holds the partition's lease and no other can have taken it
+        since (its last renewal is not older than the lease's time)."""
+        return key in self.held and self.leases.valid(key)
+
     def redirect(self, key: Key, holder: str | None = None) -> Redirect | None:
         """Where to send the partition's requests instead: the lease holder if one is
         known, else the member the placement names; None: no node can be named (yet)."""

@@ -30,6 +30,7 @@ from redis.retry import Retry
 
 from dedup.chunks import ChunkProgress
 from dedup.held_connection import HeldConnection
+from dedup.ownership.leases import Granted, Held, PartitionLeases
 from dedup.policies import Mode, PolicyStore
 from dedup.state import (
     SEQUENCE_MAX,
@@ -1206,3 +1207,30 @@ async def test_checks_while_the_held_connection_is_busy_go_through_the_pool(
     again = await check(state, [("p", 3)], topic="busy", partition=3)
     assert again.statuses == (UNKNOWN,)
     assert pipelines == 4
+
+
+# ----------------------------------------------------------------------------- lease deadlines
+
+
+async def test_a_lease_is_valid_here_only_until_its_time_from_the_last_renewal(
+    state: DedupState,
+) -> None:
+    """The deadline the owner keeps on its own clock never outlives the lease in Redis:
+    before it no other instance can take the partition; after it, only a renewal that
+    Redis granted makes the lease valid here again."""
+    mine = PartitionLeases(state, "a", "inc-a", ttl_s=0.4)
+    other = PartitionLeases(state, "b", "inc-b", ttl_s=0.4)
+    key = ("orders", 0)
+    (granted,) = (await mine.acquire([key])).values()
+    assert isinstance(granted, Granted) and mine.valid(key)
+    assert isinstance((await other.acquire([key]))[key], Held), "taken only after its time"
+    await asyncio.sleep(0.25)
+    assert await mine.renew([granted.lease]) == []
+    await asyncio.sleep(0.25)  # past the first deadline, not past the renewed one
+    assert mine.valid(key)
+    await asyncio.sleep(0.2)
+    assert not mine.valid(key), "not renewed: another instance may take it now"
+    (taken,) = (await other.acquire([key])).values()
+    assert isinstance(taken, Granted) and other.valid(key)
+    assert await mine.renew([granted.lease]) == [granted.lease]
+    assert not mine.valid(key)

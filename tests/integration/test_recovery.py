@@ -38,6 +38,8 @@ pytestmark = pytest.mark.integration
 REDIS_DB = 5  # this file's proxies only: a FLUSHDB here touches no other test's state
 NOT_ENOUGH_REPLICAS = 19  # Kafka's retriable "not written", the answer without Redis
 REDIS_DOWN = "dedup state unavailable"  # the log line of a request refused without Redis
+# ... and of acknowledged positions not written to Redis (the maps kept in memory)
+COPY_FAILING = "could not record persisted sequences"
 
 
 def recovery_proxy(env: EnvInfo, log_dir: Path, **settings: str) -> RestartableProxy:
@@ -213,20 +215,44 @@ def test_redis_flushed_under_load(rare_snapshots: RestartableProxy, local_env: E
     assert any('"state lost"' in line for line in restartable.log_events())
 
 
+@pytest.mark.parametrize("check_state", ["memory", "redis"])
 def test_redis_killed_and_restarted_empty_under_load(
-    rare_snapshots: RestartableProxy, local_env: EnvInfo, local_environment: LocalEnvironment
+    check_state: str, local_env: EnvInfo, local_environment: LocalEnvironment, tmp_path: Path
 ) -> None:
-    restartable, topic, total = rare_snapshots, new_topic(local_env.bootstrap), 6000
+    """With the maps in Redis, requests are refused (retriable) while it is down; with them
+    in the owner's memory, requests go on and the acknowledged copy waits. Either way the
+    empty Redis is noticed and the partition recovered from the log."""
+    restartable = recovery_proxy(
+        local_env,
+        tmp_path,
+        DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100000000",
+        DEDUP_PROXY_SNAPSHOT_EVERY_S="3600",
+        DEDUP_PROXY_CHECK_STATE=check_state,
+    )
+    try:
+        _killed_redis_comes_back_empty(restartable, check_state, local_env, local_environment)
+    finally:
+        restartable.stop()
+
+
+def _killed_redis_comes_back_empty(
+    restartable: RestartableProxy,
+    check_state: str,
+    local_env: EnvInfo,
+    local_environment: LocalEnvironment,
+) -> None:
+    topic, total = new_topic(local_env.bootstrap), 6000
     proxy = restartable.start()
     _quiet_producer_before_the_fault(restartable, topic)
     load = SequencedProducer(proxy.bootstrap, topic, "p-redis", total).start()
     load.wait_delivered(total // 3)
-    refused_before = len(restartable.log_lines(REDIS_DOWN))
+    noticed = REDIS_DOWN if check_state == "redis" else COPY_FAILING
+    noticed_before = len(restartable.log_lines(noticed))
     local_environment.kill_redis()
-    wait_until(  # requests meanwhile are refused as retriable, not written
-        lambda: len(restartable.log_lines(REDIS_DOWN)) > refused_before,
+    wait_until(  # the check refuses, retriable; or the copy written behind waits
+        lambda: len(restartable.log_lines(noticed)) > noticed_before,
         30,
-        "the proxy refuses a request for want of Redis",
+        f"the proxy logs {noticed!r} for want of Redis",
     )
     local_environment.start_redis(empty=True)
     blind_resend(proxy, topic, "p-quiet", range(1000), prefix="q")
@@ -236,12 +262,14 @@ def test_redis_killed_and_restarted_empty_under_load(
     assert len(recoveries(restartable, topic=topic)) >= 2, "first use, then the empty Redis"
 
 
-def test_a_blackholed_redis_is_answered_retriable_within_its_timeout(
-    local_env: EnvInfo, tmp_path: Path
+@pytest.mark.parametrize("check_state", ["memory", "redis"])
+def test_a_blackholed_redis_is_answered_within_its_timeout(
+    check_state: str, local_env: EnvInfo, tmp_path: Path
 ) -> None:
     """Redis stops answering, its connections left open (a blackholed network): a Produce
-    is answered "retry" within the Redis timeout instead of hanging, and once Redis answers
-    again the producer's records land once each (a check held in the network and run late
+    is answered within the Redis timeout instead of hanging ("retry" with the check in
+    Redis; written, with the maps in the owner's memory), and once Redis answers again the
+    producer's records land once each (a check held in the network and run late
     included)."""
     relay, relayed = relayed_redis(local_env.redis, REDIS_RELAY, REDIS_DB)
     restartable = recovery_proxy(
@@ -249,6 +277,7 @@ def test_a_blackholed_redis_is_answered_retriable_within_its_timeout(
         tmp_path,
         DEDUP_PROXY_REDIS=relayed,
         DEDUP_PROXY_REDIS_TIMEOUT_S="1",
+        DEDUP_PROXY_CHECK_STATE=check_state,
     )
     try:
         proxy = restartable.start()
@@ -261,7 +290,7 @@ def test_a_blackholed_redis_is_answered_retriable_within_its_timeout(
         )
         waited = time.monotonic() - started
         relay.thaw()
-        assert answer.error_code == NOT_ENOUGH_REPLICAS, answer
+        assert answer.error_code == (NOT_ENOUGH_REPLICAS if check_state == "redis" else 0), answer
         # The policies' re-read and the check, a second each, and some slack.
         assert waited < 8, f"answered after {waited:.1f} s"
         blind_resend(proxy, topic, "p-hole", range(100, 300))

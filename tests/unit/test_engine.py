@@ -463,12 +463,16 @@ class FakeOwners:
     """Partition ownership (`ports.Owners`): this instance owns everything but ``elsewhere``."""
 
     elsewhere: dict[Key, Redirect] = field(default_factory=dict)
+    lapsed: set[Key] = field(default_factory=set)  # leases not renewed in time
 
     def ready(self) -> bool:
         return True
 
     def serves_here(self, key: Key) -> bool:
         return key not in self.elsewhere
+
+    def lease_valid(self, key: Key) -> bool:
+        return key not in self.lapsed
 
     def redirect(self, key: Key, holder: str | None = None) -> Redirect | None:
         if holder is not None:
@@ -1181,6 +1185,21 @@ async def test_disabling_dedup_drops_the_maps_and_enabling_it_recovers_from_the_
         assert ok(again[P0]) and again[P0].base_offset == -1
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
         assert rig.recovery.calls == [[P0], [P0]]
+
+
+@pytest.mark.memory_check
+async def test_a_lease_not_renewed_in_time_stops_the_check_until_it_is_renewed() -> None:
+    """Past the lease's time another instance may have taken the partition: the maps here
+    no longer answer (a producer reset made there would not be seen)."""
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0]))))[P0])
+        rig.owners.lapsed.add(P0)
+        refused = await rig.send((P0, records("p", [1])))
+        assert refused[P0].error_code == ErrorCode.not_enough_replicas
+        assert "lease" in (refused[P0].error_message or "")
+        rig.owners.lapsed.clear()  # renewed
+        assert (await rig.send((P0, records("p", [1]))))[P0] == PartitionAnswer(base_offset=1)
+        assert rig.writer.log[P0] == in_order("p", [0, 1])
 
 
 @pytest.mark.memory_check
