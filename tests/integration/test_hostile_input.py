@@ -239,7 +239,9 @@ def test_an_acks_0_flood_is_read_only_as_fast_as_it_is_handled(
     proxy reads a request only once one of the connection's 64 slots is free, so the flood
     waits in the socket, not in the proxy's memory: while Redis is silent the proxy takes
     in a few MB and its RSS stays flat (without the bound it read all 300 MB and held it).
-    Once Redis answers, every record lands once."""
+    Once Redis answers, every record lands once. The check runs in Redis here
+    (``check_state = "redis"``), so a silent Redis is what holds every request: the bound is
+    the runtime's, whatever holds a request."""
     relay, relayed = relayed_redis(local_env.redis, REDIS_RELAY, 0)
     proxy = own_proxy(
         local_env,
@@ -247,6 +249,7 @@ def test_an_acks_0_flood_is_read_only_as_fast_as_it_is_handled(
         f"flood-{uuid.uuid4().hex[:8]}",
         tmp_path / "proxy.log",
         DEDUP_PROXY_REDIS=relayed,
+        DEDUP_PROXY_CHECK_STATE="redis",
     ).start()
     try:
         topic = new_topic(local_env.bootstrap)

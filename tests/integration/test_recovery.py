@@ -294,7 +294,12 @@ def test_a_blackholed_redis_is_answered_within_its_timeout(
         # The policies' re-read and the check, a second each, and some slack.
         assert waited < 8, f"answered after {waited:.1f} s"
         blind_resend(proxy, topic, "p-hole", range(100, 300))
-        assert_topic_is(local_env.bootstrap, topic, 300)
+        if check_state == "redis":
+            assert_topic_is(local_env.bootstrap, topic, 300)
+        else:  # 100 and 101 were written with the maps in memory: their re-sends are dropped
+            written = [str(n).encode() for n in range(300)]
+            written[100:102] = [b"v100", b"v101"]
+            assert values(local_env.bootstrap, topic) == written
     finally:
         restartable.stop()
         relay.stop()
