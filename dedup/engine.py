@@ -356,10 +356,12 @@ class DedupEngine:
         if request.transactional_id is not None:
             return None
         snapshot = await self._policies.snapshot()
-        topics = [str(topic.name) for topic in request.topic_data]
+        modes = {
+            str(topic.name): snapshot.mode_for(str(topic.name)) for topic in request.topic_data
+        }
         if self._local is not None:
-            self._forget_disabled(request, snapshot)
-        if all(snapshot.mode_for(topic) is Mode.DISABLED for topic in topics):
+            self._forget_disabled(request, modes)
+        if all(mode is Mode.DISABLED for mode in modes.values()):
             return None
         # Nothing below awaits: the places in line follow the order of arrival.
         loop = asyncio.get_running_loop()
@@ -884,13 +886,13 @@ class DedupEngine:
                     ),
                 )
 
-    def _forget_disabled(self, request: Any, snapshot: PolicySnapshot) -> None:
+    def _forget_disabled(self, request: Any, modes: dict[str, Mode]) -> None:
         """Maps kept here of partitions whose topic has dedup disabled are dropped: records
         written meanwhile go round the check, so a later enabling must recover the
         partition from the log (as the maps in Redis are cleared when dedup is disabled)."""
         for topic in request.topic_data:
             name = str(topic.name)
-            if snapshot.mode_for(name) is not Mode.DISABLED:
+            if modes[name] is not Mode.DISABLED:
                 continue
             for part in topic.partition_data:
                 state = self._partitions.get((name, int(part.index)))
