@@ -490,6 +490,11 @@ class DedupEngine:
         to_check = [w for w in work if w.answer is None and w.mode is not Mode.DISABLED]
         for item in to_check:
             await self._pass_gate(item)
+        for item in to_check:
+            # Again now, after every gate's awaits: the maps answer only under a lease that
+            # cannot have been taken since (with them in Redis, the token guards each check).
+            if item.answer is None and self._local is not None:
+                self._lease_holds(item)
             if item.answer is None:
                 self._state_of(item).pending += 1
                 item.checked = True
@@ -632,10 +637,7 @@ class DedupEngine:
                 self._refuse(item, _recovering())
                 return
             if state.open.is_set():
-                if self._local is not None and not self._owners.lease_valid(item.key):
-                    # The maps here are the truth only while no other instance can have
-                    # taken the partition: its lease could not be renewed in time.
-                    self._refuse(item, _not_written(LEASE_NOT_RENEWED))
+                if self._local is not None and not self._lease_holds(item):
                     return
                 item.token = state.token
                 return
@@ -645,6 +647,20 @@ class DedupEngine:
             except TimeoutError:
                 self._refuse(item, _not_written("partition is recovering from a failed write"))
                 return
+
+    def _lease_holds(self, item: _Work) -> bool:
+        """With the maps in memory: whether this instance's lease on the partition cannot
+        have been taken by another. If not, the request is refused: retriable while the
+        lease is held but could not be renewed in time; a lease no longer held (lost or
+        released while the partition was being recovered) is taken again by a recovery."""
+        if self._owners.lease_valid(item.key):
+            return True
+        if self._owners.holds(item.key):
+            self._refuse(item, _not_written(LEASE_NOT_RENEWED))
+        else:
+            self._recoveries.request(item.key, "lease not held")
+            self._refuse(item, _recovering())
+        return False
 
     async def _elsewhere(self, item: _Work) -> bool:
         """Whether another instance owns (or should own) the partition: then the client is

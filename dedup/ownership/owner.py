@@ -154,6 +154,10 @@ class Ownership:
         owner = self.owner_of(key)
         return owner is None or owner.instance_id == self.me.instance_id
 
+    def holds(self, key: Key) -> bool:
+        """Whether this instance holds the partition's lease (renewed in time or not)."""
+        return key in self.held
+
     def lease_valid(self, key: Key) -> bool:
         """Whether this instance holds the partition's lease and no other can have taken it
         since (its last renewal is not older than the lease's time)."""

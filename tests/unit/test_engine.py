@@ -464,6 +464,7 @@ class FakeOwners:
 
     elsewhere: dict[Key, Redirect] = field(default_factory=dict)
     lapsed: set[Key] = field(default_factory=set)  # leases not renewed in time
+    released: set[Key] = field(default_factory=set)  # leases no longer held
 
     def ready(self) -> bool:
         return True
@@ -471,8 +472,11 @@ class FakeOwners:
     def serves_here(self, key: Key) -> bool:
         return key not in self.elsewhere
 
+    def holds(self, key: Key) -> bool:
+        return key not in self.released
+
     def lease_valid(self, key: Key) -> bool:
-        return key not in self.lapsed
+        return key not in self.lapsed and key not in self.released
 
     def redirect(self, key: Key, holder: str | None = None) -> Redirect | None:
         if holder is not None:
@@ -1200,6 +1204,40 @@ async def test_a_lease_not_renewed_in_time_stops_the_check_until_it_is_renewed()
         rig.owners.lapsed.clear()  # renewed
         assert (await rig.send((P0, records("p", [1]))))[P0] == PartitionAnswer(base_offset=1)
         assert rig.writer.log[P0] == in_order("p", [0, 1])
+
+
+@pytest.mark.memory_check
+async def test_a_partition_whose_lease_is_no_longer_held_is_taken_again_by_a_recovery() -> None:
+    """Before: a lease dropped while its partition was being recovered left the partition
+    recovered with no lease, refused for ever."""
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0]))))[P0])
+        rig.owners.released.add(P0)
+        refused = await rig.send((P0, records("p", [1])))
+        assert refused[P0].error_code == ErrorCode.not_leader_or_follower
+        rig.owners.released.clear()  # the recovery took it again
+        await rig.settle()
+        assert (await rig.send((P0, records("p", [1]))))[P0] == PartitionAnswer(base_offset=1)
+        assert rig.recovery.calls == [[P0], [P0]]
+
+
+@pytest.mark.memory_check
+async def test_the_lease_is_asked_again_after_every_partition_of_the_request_passed_its_gate() -> (
+    None
+):
+    """A request's other partition waits at its gate (a first use): meanwhile the first
+    partition's lease lapses, so it is not checked when the request's turn comes."""
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0]))))[P0])
+        rig.recovery.hold = replaying = asyncio.Event()  # P1's first use waits
+        both = await rig.admit((P0, records("p", [1])), (P1, records("q", [0])))
+        await asyncio.sleep(0.05)
+        rig.owners.lapsed.add(P0)
+        replaying.set()
+        answers = await asyncio.wait_for(both, 5)
+        assert answers[P0].error_code == ErrorCode.not_enough_replicas
+        assert answers[P1] == PartitionAnswer(base_offset=0)
+        assert rig.writer.log[P0] == in_order("p", [0])
 
 
 @pytest.mark.memory_check
