@@ -65,7 +65,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
                 "topic": topic,
                 "partition": partition,
                 "producer": name,
-                "last_sequence_id": await state.last_sequence(topic, partition, name),
+                "last_sequence_id": await service.last_sequence(topic, partition, name),
                 "pushed": None if found is None else found.pushed,
                 "last_seen_ms": None if found is None else found.last_seen_ms,
             }
@@ -77,7 +77,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
         await recovered(topic, partitions)
         await service.engine.flush_persisted()
         per_partition = {
-            partition: await state.last_sequence(topic, partition, name)
+            partition: await service.last_sequence(topic, partition, name)
             for partition in sorted(set(partitions) | set(await state.partitions(topic)))
         }
         return web.json_response(

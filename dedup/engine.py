@@ -254,6 +254,7 @@ class DedupEngine:
         # The owner's maps in memory (Redis a copy of what was acknowledged, written behind),
         # or the maps in Redis, checked there.
         self._local: LocalCheck | None = None
+        self._policies_seen: PolicySnapshot | None = None  # the last read `note_policies` saw
         self._checks: LocalCheck | GroupCheck
         if check_state == "memory":
             self._checks = self._local = LocalCheck(
@@ -356,12 +357,10 @@ class DedupEngine:
         if request.transactional_id is not None:
             return None
         snapshot = await self._policies.snapshot()
-        modes = {
-            str(topic.name): snapshot.mode_for(str(topic.name)) for topic in request.topic_data
-        }
         if self._local is not None:
-            self._forget_disabled(request, modes)
-        if all(mode is Mode.DISABLED for mode in modes.values()):
+            self.note_policies(snapshot)
+        topics = [str(topic.name) for topic in request.topic_data]
+        if all(snapshot.mode_for(topic) is Mode.DISABLED for topic in topics):
             return None
         # Nothing below awaits: the places in line follow the order of arrival.
         loop = asyncio.get_running_loop()
@@ -902,21 +901,23 @@ class DedupEngine:
                     ),
                 )
 
-    def _forget_disabled(self, request: Any, modes: dict[str, Mode]) -> None:
-        """Maps kept here of partitions whose topic has dedup disabled are dropped: records
-        written meanwhile go round the check, so a later enabling must recover the
-        partition from the log (as the maps in Redis are cleared when dedup is disabled)."""
-        for topic in request.topic_data:
-            name = str(topic.name)
-            if modes[name] is not Mode.DISABLED:
-                continue
-            for part in topic.partition_data:
-                state = self._partitions.get((name, int(part.index)))
-                if state is not None and state.sequences is not None:
-                    self._recoveries.forget((name, int(part.index)))
+    def note_policies(self, snapshot: PolicySnapshot) -> None:
+        """With the maps in memory: those of partitions whose topic has dedup disabled in a
+        policy read just now are dropped. Records written meanwhile go round the check, so
+        a later enabling must recover the partition from the log (as the maps in Redis
+        are cleared when dedup is disabled). Each read is looked at once: on the produce
+        path and by the service's policy watch, so an owner that gets no request for the
+        topic sees it too."""
+        if self._local is None or snapshot is self._policies_seen:
+            return
+        self._policies_seen = snapshot
+        for key, state in list(self._partitions.items()):
+            if state.sequences is not None and snapshot.mode_for(key[0]) is Mode.DISABLED:
+                self._recoveries.forget(key)
 
     def forget_topic(self, topic: str) -> None:
-        """Dedup was disabled for the topic: the maps kept here go (`_forget_disabled`)."""
+        """Dedup was disabled for the topic (by this instance's admin API): the maps kept
+        here go at once (`note_policies`)."""
         for key, state in list(self._partitions.items()):
             if key[0] == topic and state.sequences is not None:
                 self._recoveries.forget(key)

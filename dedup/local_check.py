@@ -39,11 +39,10 @@ class LocalCheck:
 
     def opened(self, key: Key, recovered: RecoveredPartition) -> None:
         """A recovery loaded the partition: its maps, under the recovery's token."""
-        loaded = recovered.state
         self._partitions.of(key).sequences = PartitionSequences.recovered(
             recovered.token,
-            {} if loaded is None else loaded.producers,
-            None if loaded is None else loaded.chunks,
+            recovered.state.producers,
+            recovered.state.chunks,
             max_producers=self._max_producers,
             max_jump=self._max_jump,
         )

@@ -68,7 +68,7 @@ class RecoveredPartition:
     replayed: int  # records read by the replay
     producers: int
     seconds: float
-    state: RecoveredState | None = None  # what was loaded (pushed = persisted)
+    state: RecoveredState  # what was loaded (pushed = persisted)
 
 
 class NotOwner(Exception):
@@ -241,6 +241,11 @@ class Recovery:
         )
         if not loaded:
             raise LeaseLost(f"{topic}/{partition}: lease taken over during the recovery")
+        # What was loaded, with the last-seen times Redis settled on (the later of the
+        # given and the one it knew): the maps kept in memory start from exactly that.
+        view = await self._state.recovered_state(topic, partition, token)
+        if view is None:
+            raise LeaseLost(f"{topic}/{partition}: state lost right after the recovery")
         generations = [s.generation for s in stored.valid]
         seconds = time.monotonic() - started
         metrics.RECOVERY_SECONDS.observe(seconds)
@@ -266,7 +271,7 @@ class Recovery:
             replayed.records,
             len(producers),
             seconds,
-            RecoveredState(producers, chunks),
+            view,
         )
 
     def _choose(self, key: _Key, end: int, stored: StoredSnapshots) -> Snapshot | None:

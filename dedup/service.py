@@ -221,6 +221,7 @@ class DedupService:
         await self.ownership.start()  # DuplicateInstance: a configuration error, fatal
         self._tasks = [
             asyncio.create_task(self._purge_loop(), name="purge-idle-producers"),
+            asyncio.create_task(self._policy_watch(), name="policy-watch"),
             asyncio.create_task(self._prepare(), name="prepare-dedup"),
         ]
         self.snapshotter.start()
@@ -270,6 +271,15 @@ class DedupService:
         log.info("producer reset", topic=topic, partition=partition, producer=producer, offset=end)
         return end
 
+    async def last_sequence(self, topic: str, partition: int, producer: str) -> int:
+        """The producer's last persisted sequence (-1: unknown): from the maps kept here
+        when this instance holds them, else from Redis's copy."""
+        state = self.engine.partition_states().get((topic, partition))
+        if state is not None and state.sequences is not None:
+            found = state.sequences.producers().get(producer)
+            return -1 if found is None or found.persisted is None else found.persisted
+        return await self.state.last_sequence(topic, partition, producer)
+
     async def producers(self, topic: str, partition: int) -> dict[str, ProducerState]:
         """Every producer the partition tracks: from the maps kept here when this instance
         holds them (pushed included), else from Redis's copy."""
@@ -309,6 +319,19 @@ class DedupService:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 60.0)
 
+    async def _policy_watch(self) -> None:
+        """The policies read again as often as they may change here, so that an owner
+        keeping the maps in memory drops those of a topic whose dedup was disabled through
+        another instance even while it gets no request for it (`DedupEngine.note_policies`)."""
+        if self.settings.check_state != "memory":
+            return
+        while True:
+            await asyncio.sleep(max(self.settings.policy_cache_s, 0.1))
+            try:
+                self.engine.note_policies(await self.policies.snapshot())
+            except redis.RedisError as exc:  # not read yet: the next pass tries again
+                log.warning("policies could not be read", error=str(exc))
+
     async def _purge_loop(self) -> None:
         idle_ms = int(self.settings.producer_idle_timeout_s * 1000)
         while True:
@@ -317,10 +340,15 @@ class DedupService:
             for topic, partition in self.engine.partitions():
                 older_than_ms = clock_ms() - idle_ms
                 table = states[(topic, partition)].sequences
-                if table is not None:  # the maps kept here first, then Redis's copy
-                    table.purge_idle(older_than_ms)
                 try:
-                    purged = await self.state.purge_idle(topic, partition, older_than_ms)
+                    if table is not None:
+                        # The maps here know when each producer was last checked (Redis's
+                        # copy only when it was last acknowledged): they decide, the copy
+                        # follows.
+                        purged = table.purge_idle(older_than_ms)
+                        await self.state.forget_producers(topic, partition, purged)
+                    else:
+                        purged = await self.state.purge_idle(topic, partition, older_than_ms)
                 except redis.RedisError as exc:
                     log.warning("idle producer purge failed", error=str(exc))
                     break

@@ -158,6 +158,10 @@ class Snapshotter:
             view = await self._state.recovered_state(topic, partition, token)
             if view is None or state.token != token or not state.recovered:
                 return None  # lost or being recovered: the recovery takes its own
+            if state.sequences is not None and state.sequences.token == token:
+                # The maps the owner keeps: Redis still holds the token (this instance
+                # still owns the partition), but its copy may lag in last-seen times.
+                view = state.sequences.persisted_state()
             snapshot = Snapshot(
                 topic=topic,
                 partition=partition,

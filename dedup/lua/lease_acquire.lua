@@ -25,10 +25,13 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local owner, owner_inc, epoch, expires, state, suspects = unpack(
     redis.call('HMGET', lease_key, 'owner', 'inc', 'epoch', 'expires', 'state', 'suspects'))
 if owner then
-    if owner == me and owner_inc == inc then
+    if owner == me and owner_inc == inc and state ~= 'released' then
         redis.call('HSET', lease_key, 'expires', now + ttl)
         return { 'mine', epoch, state, suspects or '' }
     end
+    -- One this incarnation released is taken anew below (a new epoch, its token gone): a
+    -- released lease may be taken by any instance at once, so holding it "as mine" again
+    -- would let two write.
     -- The id is unique among live processes (membership), so a lease of this id from
     -- another incarnation is a dead predecessor's: taken over at once (and fenced).
     if owner ~= me and state ~= 'released' and tonumber(expires) > now then

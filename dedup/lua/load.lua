@@ -21,7 +21,7 @@ if ARGV[3] ~= '' then
         redis.call('HMGET', lease_key, 'owner', 'inc', 'epoch', 'state'))
     if (owner or '') .. ' ' .. (inc or '') .. ' ' .. (epoch or '') ~= ARGV[3]
         or state == 'released' then
-        return 1
+        return 0
     end
     redis.call('HSET', lease_key, 'state', 'open', 'suspects', '')
 end

@@ -74,6 +74,7 @@ class Ownership:
         self._handoff: Handoff | None = None
         self._task: asyncio.Task[None] | None = None
         self._handoffs: set[asyncio.Task[None]] = set()
+        self._lookups: asyncio.Task[None] | None = None  # the leaders of held partitions
         self._joined = False
 
     @property
@@ -110,10 +111,11 @@ class Ownership:
 
     async def close(self) -> None:
         """Hand every held partition over, then leave the membership."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._lookups):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await asyncio.gather(
             *(self._hand_over(key) for key in list(self.held) if key not in self.handing_off),
             *self._handoffs,
@@ -250,9 +252,11 @@ class Ownership:
                         partition=lease.partition,
                     )
                     self._lost(lease.key)
-        if self.placement == "sidecar":
-            for key in list(self.held):
-                await self.learn_leader(key)
+        if self.placement == "sidecar" and (self._lookups is None or self._lookups.done()):
+            # Beside the beat, not in it: a slow or unreachable broker must not hold back
+            # the next renewal, which the maps kept in memory answer under. The handoffs
+            # below go by what was learned so far (a beat later at most).
+            self._lookups = asyncio.create_task(self._learn_leaders(list(self.held)))
         for key in list(self.held):
             owner = self.owner_of(key)
             mine = owner is None or owner.instance_id == self.me.instance_id
@@ -260,6 +264,13 @@ class Ownership:
                 task = asyncio.create_task(self._hand_over(key))
                 self._handoffs.add(task)
                 task.add_done_callback(self._handoffs.discard)
+
+    async def _learn_leaders(self, keys: list[Key]) -> None:
+        for key in keys:
+            try:
+                await self.learn_leader(key)
+            except Exception as exc:  # the next beat asks again
+                log.warning("partition leader not learned", topic=key[0], error=str(exc))
 
     def _lost(self, key: Key) -> None:
         self.dropped(key)
