@@ -26,7 +26,7 @@ from dedup.redis_connect import AnyRedis, redis_from_url
 from dedup.state import DedupState, PartitionCheck
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from deploy.local_redis import LocalRedis, RedisTls
+from deploy.local_redis import LocalRedis, LocalRedisError, RedisTls
 from deploy.tls import LocalTls
 from tests.support.kafka_io import assert_exactly_once_in_order, values
 from tests.support.load import SequencedProducer
@@ -38,6 +38,7 @@ from tests.support.ports import (
     TLS_SENTINEL_REDIS,
 )
 from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -217,11 +218,15 @@ def topology_proxy(local: LocalRedis, prefix: str, log: Path, local_env: EnvInfo
 
 
 def write_through_a_failover(
-    local: LocalRedis, local_env: EnvInfo, tmp_path: Path, total: int = 6000
+    local: LocalRedis, local_env: EnvInfo, tmp_path: Path, total: int = 20_000
 ) -> None:
     """A DedupProducer writes 0..total-1 through the proxy; once a quarter is acknowledged,
-    the Redis node serving the partition's keys is SIGKILLed. Every record must end up
-    acknowledged, and Kafka must hold each exactly once, in order."""
+    the Redis node serving the partition's keys is SIGKILLed, and the producer goes on
+    until another node serves them. Every record must end up acknowledged, and Kafka must
+    hold each exactly once, in order. With the maps in the owner's memory the producer
+    does not wait for Redis (the acknowledged copy and the lease renewals do, and a new
+    primary that lost the copy's latest writes has the partition recovered), so the load
+    is long enough to outlast the failover."""
     prefix = f"fo-{uuid.uuid4().hex[:8]}"
     topic = new_topic(local_env.bootstrap)
     proxy = topology_proxy(local, prefix, tmp_path / "proxy.log", local_env)
@@ -230,12 +235,14 @@ def write_through_a_failover(
             proxy.bootstrap, topic, f"p-{local.topology}", total, per_second=2000
         ).start()
         producer.wait_delivered(total // 4)
-        victim = local.owner(f"{prefix}:{{{topic}/0}}:pushed")
+        key = f"{prefix}:{{{topic}/0}}:pushed"
+        victim = local.owner(key)
         assert local.kill(victim)
         killed_at = time.monotonic()
+        wait_until(lambda: _owner_other_than(local, key, victim), 60, "a failover")
+        assert producer.running, "the load ended before the failover: make it longer"
         producer.join(timeout_s=120)
         took = time.monotonic() - killed_at
-        assert local.owner(f"{prefix}:{{{topic}/0}}:pushed") != victim
     finally:
         assert proxy.stop() == 0, f"proxy did not shut down cleanly; see {tmp_path}"
         log = (tmp_path / "proxy.log").read_text()
@@ -243,6 +250,14 @@ def write_through_a_failover(
         assert local.tls.password not in log, "the Redis password reached the log"
     assert_exactly_once_in_order(values(local_env.bootstrap, topic), total)
     print(f"{local.topology}: node {victim} killed; the producer finished {took:.1f}s later")
+
+
+def _owner_other_than(local: LocalRedis, key: str, victim: int) -> bool:
+    """Whether a node other than `victim` serves `key` (none may answer mid-failover)."""
+    try:
+        return local.owner(key) != victim
+    except LocalRedisError:
+        return False
 
 
 def test_sentinel_primary_killed_under_load(
