@@ -7,7 +7,8 @@ Pulsar's ``MessageDeduplication`` keeps ``highestSequencedPushed`` and
 its idempotent producers' state in the partition leader's. What makes a takeover safe is
 not a shared store but the log: a new owner fences the old one on Kafka and rebuilds these
 maps from a snapshot and the log's tail (`dedup.recovery`). Redis keeps a copy of the
-acknowledged positions, written behind (`dedup.persisted`), for snapshots and reads.
+acknowledged positions, written behind (`dedup.persisted`): what other instances read, and
+how a Redis that lost it is found out (its token).
 
 Per producer ``p``: ``pushed`` (the highest position accepted for writing), ``persisted``
 (the highest Kafka acknowledged), the chunked message in progress beside each
