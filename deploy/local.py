@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     ScramCredentialInfo,
@@ -60,6 +61,12 @@ from deploy.tls import LocalTls
 
 DEFAULT_REDIS_TOPOLOGY = "single"
 SCRAM_ITERATIONS = 4096
+SCRAM_USERS_TIMEOUT = 60.0
+# Client-side failures of a request that a new attempt may not meet: the broker handle it
+# waited on was dropped, the connection broke, or the answer was late.
+_TRANSIENT_ADMIN_ERRORS = frozenset(
+    {KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+)
 
 STATE_VERSION = 1
 DEFAULT_START_TIMEOUT = 180.0
@@ -897,6 +904,14 @@ class LocalEnvironment:
             {"bootstrap.servers": f"{HOST}:{_ports(state).client(0)}", **self._kafka_config(state)},
             logger=_quiet_logger(),
         )
+        # The brokers first: where they advertise other addresses than the bootstrap one (the
+        # chaos topology's Toxiproxy ports), librdkafka drops the bootstrap broker once it
+        # learns them, and a request still waiting on it fails with _DESTROY_BROKER.
+        try:
+            admin.list_topics(timeout=30)
+        except KafkaException as exc:
+            raise LocalEnvError(f"no metadata from the cluster for its SCRAM users: {exc}") from exc
+        deadline = time.monotonic() + SCRAM_USERS_TIMEOUT
         # One mechanism per request: Kafka refuses a user altered twice in one.
         for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512):
             upserts: list[Any] = [
@@ -905,11 +920,7 @@ class LocalEnvironment:
                 )
                 for user, password in self.tls.sasl_users.items()
             ]
-            for user, done in admin.alter_user_scram_credentials(upserts).items():
-                try:
-                    done.result(timeout=30)
-                except Exception as exc:
-                    raise LocalEnvError(f"could not create SCRAM user {user}: {exc}") from exc
+            _alter_scram_users(admin, upserts, deadline)
 
     # --- Redis --------------------------------------------------------------------------
 
@@ -924,6 +935,42 @@ class LocalEnvironment:
             self._redis(state).wait_ready(deadline)
         except LocalRedisError as exc:
             raise LocalEnvError(str(exc)) from exc
+
+
+def _alter_scram_users(admin: AdminClient, upserts: list[Any], deadline: float) -> None:
+    """Sets the users' credentials, again while the failure is transient (setting them twice
+    is harmless) and the deadline allows."""
+    while True:
+        try:
+            for done in admin.alter_user_scram_credentials(upserts).values():
+                done.result(timeout=max(1.0, deadline - time.monotonic()))
+            return
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            transient = error is not None and (
+                error.retriable() or error.code() in _TRANSIENT_ADMIN_ERRORS
+            )
+            if not transient or time.monotonic() >= deadline:
+                users = ", ".join(upsert.user for upsert in upserts)
+                raise LocalEnvError(
+                    f"could not create SCRAM users {users}: {exc} "
+                    f"(brokers known to the client: {_known_brokers(admin)})"
+                ) from exc
+            time.sleep(0.5)
+        except TimeoutError as exc:
+            raise LocalEnvError(
+                f"no answer to the SCRAM users' request within {SCRAM_USERS_TIMEOUT:.0f} s "
+                f"(brokers known to the client: {_known_brokers(admin)})"
+            ) from exc
+
+
+def _known_brokers(admin: AdminClient) -> str:
+    """The brokers a client's metadata names, for an error message."""
+    try:
+        brokers = admin.list_topics(timeout=5).brokers.values()
+    except KafkaException as exc:
+        return f"none ({exc})"
+    return ", ".join(f"{broker.id}@{broker.host}:{broker.port}" for broker in brokers)
 
 
 def _metadata_brokers(address: str, kafka_config: dict[str, str] | None = None) -> set[int]:
