@@ -148,6 +148,16 @@ def test_sidecar_placement_ownership_follows_the_leader_it_is_killed_exactly_onc
         ]
 
     try:
+        # Sidecars still joining place the partition among the members they know so far
+        # (it is handed over at their next beat): the placement is asked of all three.
+        wait_until(
+            lambda: all(
+                len(admin_call(sidecar, "GET", "/v1/ownership")["members"]) == 3
+                for sidecar in sidecars
+            ),
+            30,
+            "every sidecar sees the three",
+        )
         total = 6000
         other = (leader + 1) % 3  # the producer bootstraps from a sidecar that is not the owner
         load = SequencedProducer(sidecars[other].bootstrap, topic, "p-sidecar", total).start()
