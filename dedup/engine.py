@@ -490,8 +490,9 @@ class DedupEngine:
         for item in to_check:
             await self._pass_gate(item)
         for item in to_check:
-            # Again now, after every gate's awaits: the maps answer only under a lease that
-            # cannot have been taken since (with them in Redis, the token guards each check).
+            # After every gate's awaits, with none left before the check: the maps answer
+            # only under a lease that cannot have been taken since (with them in Redis, the
+            # token guards each check).
             if item.answer is None and self._local is not None:
                 self._lease_holds(item)
             if item.answer is None:
@@ -636,9 +637,7 @@ class DedupEngine:
                 self._refuse(item, _recovering())
                 return
             if state.open.is_set():
-                if self._local is not None and not self._lease_holds(item):
-                    return
-                item.token = state.token
+                item.token = state.token  # the lease is asked after every gate (_queue_check)
                 return
             # After a failed write, wait for the reset: nothing may overtake the retry.
             try:
@@ -911,15 +910,18 @@ class DedupEngine:
         if self._local is None or snapshot is self._policies_seen:
             return
         self._policies_seen = snapshot
-        for key, state in list(self._partitions.items()):
-            if state.sequences is not None and snapshot.mode_for(key[0]) is Mode.DISABLED:
-                self._recoveries.forget(key)
+        self._forget_maps(lambda topic: snapshot.mode_for(topic) is Mode.DISABLED)
 
     def forget_topic(self, topic: str) -> None:
         """Dedup was disabled for the topic (by this instance's admin API): the maps kept
         here go at once (`note_policies`)."""
+        self._forget_maps(lambda name: name == topic)
+
+    def _forget_maps(self, of_topic: Callable[[str], bool]) -> None:
+        """The maps kept here of the partitions of the topics named go, with the partitions'
+        recovered state: the next request recovers them from the log."""
         for key, state in list(self._partitions.items()):
-            if key[0] == topic and state.sequences is not None:
+            if state.sequences is not None and of_topic(key[0]):
                 self._recoveries.forget(key)
 
     async def _forget_in_redis(self, key: Key, producers: Sequence[str]) -> None:

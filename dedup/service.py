@@ -26,6 +26,7 @@ from dedup.ports import SystemClock
 from dedup.recovery import Owners, Recovery
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.redis_connect import redacted, redis_from_url
+from dedup.sequences import PartitionSequences
 from dedup.settings import DedupSettings
 from dedup.snapshots import SnapshotError, SnapshotStore
 from dedup.snapshotter import SnapshotPolicy, Snapshotter
@@ -274,19 +275,25 @@ class DedupService:
     async def last_sequence(self, topic: str, partition: int, producer: str) -> int:
         """The producer's last persisted sequence (-1: unknown): from the maps kept here
         when this instance holds them, else from Redis's copy."""
-        state = self.engine.partition_states().get((topic, partition))
-        if state is not None and state.sequences is not None:
-            found = state.sequences.producers().get(producer)
+        maps = self._maps_here(topic, partition)
+        if maps is not None:
+            found = maps.producers().get(producer)
             return -1 if found is None or found.persisted is None else found.persisted
         return await self.state.last_sequence(topic, partition, producer)
 
     async def producers(self, topic: str, partition: int) -> dict[str, ProducerState]:
         """Every producer the partition tracks: from the maps kept here when this instance
         holds them (pushed included), else from Redis's copy."""
-        state = self.engine.partition_states().get((topic, partition))
-        if state is not None and state.sequences is not None:
-            return state.sequences.producers()
+        maps = self._maps_here(topic, partition)
+        if maps is not None:
+            return maps.producers()
         return await self.state.producers(topic, partition)
+
+    def _maps_here(self, topic: str, partition: int) -> PartitionSequences | None:
+        """The partition's maps kept in this instance's memory (None: checked in Redis, or
+        not held here)."""
+        state = self.engine.partition_states().get((topic, partition))
+        return None if state is None else state.sequences
 
     async def topic_partitions(self, topic: str) -> list[int]:
         """The topic's partitions as Kafka reports them (empty: no such topic)."""
