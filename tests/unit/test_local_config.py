@@ -136,6 +136,8 @@ def test_kafka_command_line() -> None:
     )
     assert argv[0] == "java"
     assert "-Xmx512m" in argv and "-Xms256m" in argv and "-XX:+UseG1GC" in argv
+    # Room for a cached direct buffer per thread of requests near Kafka's 100 MB limit.
+    assert "-XX:MaxDirectMemorySize=2g" in argv
     assert "-Dlog4j2.configurationFile=/cfg/log4j2.properties" in argv
     assert "-Dkafka.logs.dir=/n/logs" in argv
     assert argv[-4:] == ["-cp", "/libs/*", "kafka.Kafka", "/n/s.props"]

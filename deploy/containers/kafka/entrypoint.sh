@@ -43,6 +43,8 @@ node_id="${KAFKA_CFG_NODE_ID:-${host##*-}}"
 
 java_opts=(-server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
     -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true
+    # Room for a cached direct buffer per thread of a ~100 MB request (deploy/config.py).
+    -XX:MaxDirectMemorySize=2g
     -Dlog4j2.configurationFile=/opt/kafka/log4j2.properties)
 # shellcheck disable=SC2086 # KAFKA_HEAP_OPTS holds several options
 java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} "${java_opts[@]}" -cp "$CLASSPATH" \
