@@ -75,6 +75,7 @@ from kafka.record.default_records import DefaultRecordBatch
 from kio.schema.errors import ErrorCode
 
 from dedup.chunks import CHUNK_HEADERS, ChunkError, ChunkMeta, parse_chunk_headers
+from dedup.crc import crc32c_combine
 from dedup.identity import (
     DEFAULT_PRODUCER_HEADER,
     DEFAULT_SEQUENCE_HEADER,
@@ -1344,6 +1345,38 @@ def identity_records(batch: IncomingBatch, headers: IdentityHeaders = DEFAULT_HE
     return records if codec == CODEC_NONE else _ENCODERS[codec](records)
 
 
+@dataclass(frozen=True, slots=True)
+class MadeAhead:
+    """What a worker thread makes of a batch before its write, so that the event loop only
+    stamps the header: the records it is written with, when they change (`identity_records`),
+    and the CRC32C of what follows the header it is written with (`records_crc`)."""
+
+    identity_records: bytes | None
+    records_crc: int
+
+
+def made_ahead(
+    batch: IncomingBatch, headers: IdentityHeaders, add_identity_headers: bool
+) -> MadeAhead:
+    """For `rewritten_with_identity_headers` when the batch is rewritable and gets identity
+    headers, else for `restamped` (a rebuild, after duplicates were dropped, uses neither)."""
+    if add_identity_headers and batch.run is not None and batch.run.rewritable:
+        records = identity_records(batch, headers)
+        return MadeAhead(records, _crc32c(records))
+    return MadeAhead(None, _crc32c(memoryview(batch.raw)[_RECORD_COUNT_OFFSET:]))
+
+
+def _header_and_records_crc(
+    header: bytearray, records: bytes | memoryview, records_crc: int | None
+) -> int:
+    """The batch's CRC32C: from the header's attributes over the records; the records' own
+    CRC, when given, joined to the header's without a pass over them."""
+    header_crc = _crc32c(memoryview(header)[_ATTRIBUTES_OFFSET:])
+    if records_crc is None:
+        return int(_crc32c(records, header_crc))
+    return crc32c_combine(header_crc, records_crc, len(records))
+
+
 def rewritten_with_identity_headers(
     batch: IncomingBatch,
     *,
@@ -1351,21 +1384,22 @@ def rewritten_with_identity_headers(
     producer_epoch: int,
     base_sequence: int,
     headers: IdentityHeaders = DEFAULT_HEADERS,
-    records: bytes | None = None,
+    ahead: MadeAhead | None = None,
 ) -> tuple[bytes, bytes]:
     """What `build_batch` writes for every record of a rewritable uniform batch
     (`BatchRun.rewritable`) with `add_identity_headers`, byte for byte, by the Rust rewrite:
     each record copied with the two identity headers appended, no Python object per record.
     In two pieces, the batch header and the records, so a large batch need not be copied
-    again to join them (`RecordPieces`). `records`: its `identity_records`, when made
-    ahead."""
+    again to join them (`RecordPieces`). `ahead`: its `made_ahead`, when made."""
     if producer_id >= 0 and (producer_epoch < 0 or base_sequence < 0):
         raise ValueError(
             f"producer id {producer_id} needs an epoch and a base sequence >= 0, "
             f"not {producer_epoch} and {base_sequence} (Kafka refuses the batch)"
         )
+    records = ahead.identity_records if ahead is not None else None
     if records is None:
         records = identity_records(batch, headers)
+        ahead = None  # its CRC, if any, is not of these records
     run = batch.run
     assert run is not None  # identity_records checked it, or made `records`
     first_timestamp = _HEADER.unpack_from(batch.raw)[7]
@@ -1386,8 +1420,7 @@ def rewritten_with_identity_headers(
             run.count,
         )
     )
-    # The CRC32C carried on from the header over the records.
-    crc = _crc32c(records, _crc32c(memoryview(header)[_ATTRIBUTES_OFFSET:]))
+    crc = _header_and_records_crc(header, records, ahead.records_crc if ahead else None)
     struct.pack_into(">I", header, _CRC_OFFSET, crc)
     return bytes(header), records
 
@@ -1407,10 +1440,14 @@ def restamp_batch(raw: bytes, producer_id: int, producer_epoch: int, base_sequen
 
 
 def restamped(
-    raw: bytes, producer_id: int, producer_epoch: int, base_sequence: int
+    raw: bytes,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    ahead: MadeAhead | None = None,
 ) -> tuple[bytes, memoryview]:
     """`restamp_batch` in two pieces: the new header, and a view of the client's records
-    (no copy of them; `RecordPieces`)."""
+    (no copy of them; `RecordPieces`). `ahead`: the batch's `made_ahead`, when made."""
     if len(raw) < HEADER_SIZE:
         raise ValueError(f"a record batch has at least {HEADER_SIZE} bytes, not {len(raw)}")
     if producer_id >= 0 and (producer_epoch < 0 or base_sequence < 0):
@@ -1423,9 +1460,11 @@ def restamped(
     attributes = int.from_bytes(header[_ATTRIBUTES_OFFSET : _ATTRIBUTES_OFFSET + 2], "big")
     struct.pack_into(">h", header, _ATTRIBUTES_OFFSET, attributes & ~_TRANSACTIONAL_MASK)
     _PRODUCER.pack_into(header, _PRODUCER_OFFSET, producer_id, producer_epoch, base_sequence)
-    # The records are the client's, as they are; the CRC32C carried on over them.
+    # The records are the client's, as they are (from the record count on).
     records = memoryview(raw)[_RECORD_COUNT_OFFSET:]
-    crc = _crc32c(records, _crc32c(memoryview(header)[_ATTRIBUTES_OFFSET:]))
+    # An `ahead` made for the rewrite holds the CRC of other records.
+    made = ahead if ahead is not None and ahead.identity_records is None else None
+    crc = _header_and_records_crc(header, records, made.records_crc if made else None)
     struct.pack_into(">I", header, _CRC_OFFSET, crc)
     return bytes(header), records
 

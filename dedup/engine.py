@@ -58,10 +58,11 @@ from dedup.batches import (
     IdentityHeaders,
     IncomingBatch,
     IncomingRecord,
+    MadeAhead,
     ReadLimits,
     build_batch,
     forwardable,
-    identity_records,
+    made_ahead,
     read_batches,
     restamped,
     rewritten_with_identity_headers,
@@ -174,7 +175,7 @@ class _Work:
     checked_as: PartitionCheck | None = None  # what the state checked, once it did
     # Per batch, its `identity_records` made in the reader thread (large or compressed
     # batches of implicit identity), else None: made when written, if needed.
-    prepared: list[bytes | None] = field(default_factory=list)
+    prepared: list[MadeAhead] = field(default_factory=list)  # made in the reader thread
 
     @property
     def key(self) -> Key:
@@ -944,18 +945,12 @@ class DedupEngine:
 
 def _read_and_prepare(
     data: bytes, headers: IdentityHeaders, limits: ReadLimits, add_identity_headers: bool
-) -> tuple[list[IncomingBatch], list[bytes | None]]:
-    """`read_batches` in a worker thread, and there too the records a batch of implicit
-    identity is written with (`identity_records`): the event loop then only stamps the
-    header of a large batch."""
+) -> tuple[list[IncomingBatch], list[MadeAhead]]:
+    """`read_batches` in a worker thread, and there too what each batch is written with
+    (`made_ahead`: the records of a batch of implicit identity, the records' CRC32C): the
+    event loop then only stamps the header of a large batch."""
     batches = read_batches(data, headers, limits=limits)
-    prepared = [
-        identity_records(batch, headers)
-        if add_identity_headers and batch.run is not None and batch.run.rewritable
-        else None
-        for batch in batches
-    ]
-    return batches, prepared
+    return batches, [made_ahead(batch, headers, add_identity_headers) for batch in batches]
 
 
 def _partition_data(request: Any) -> dict[Key, bytes | None]:
@@ -1040,7 +1035,7 @@ def _builder(
     A batch with nothing dropped and no header to add is the client's own bytes, restamped
     (`dedup.batches.forwardable`); any other is rebuilt from the records kept."""
     add_identity_headers = item.mode is not Mode.DISABLED
-    prepared = item.prepared or [None] * len(item.batches)
+    prepared: Sequence[MadeAhead | None] = item.prepared or [None] * len(item.batches)
     plan = [
         (batch, records, forwardable(batch, records, add_identity_headers), ahead)
         for batch, records, ahead in zip(item.batches, kept, prepared, strict=True)
@@ -1052,7 +1047,7 @@ def _builder(
         sequence = base_sequence
         for batch, records, as_is, ahead in plan:
             if as_is:
-                parts.extend(restamped(batch.raw, producer_id, producer_epoch, sequence))
+                parts.extend(restamped(batch.raw, producer_id, producer_epoch, sequence, ahead))
             elif (
                 add_identity_headers
                 and batch.run is not None
@@ -1066,7 +1061,7 @@ def _builder(
                         producer_epoch=producer_epoch,
                         base_sequence=sequence,
                         headers=headers,
-                        records=ahead,
+                        ahead=ahead,
                     )
                 )
             else:

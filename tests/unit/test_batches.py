@@ -939,6 +939,15 @@ def test_restamped_batch_is_the_clients_under_the_proxys_producer(
     assert check.attributes == original.attributes & ~0x10
     assert out[HEADER_SIZE:] == data[HEADER_SIZE:]
     assert [as_read(r, 0) for r in check] == [as_read(r, original.base_offset) for r in original]
+    # The same bytes when the records' CRC was made ahead (in the reader thread).
+    [batch] = read_batches(data, limits=ReadLimits())
+    made = batches.made_ahead(batch, DEFAULT_HEADERS, add_identity_headers=False)
+    assert made.identity_records is None
+    stamped = batches.restamped(data, proxy.producer_id, proxy.producer_epoch, proxy.base_sequence)
+    with_made = batches.restamped(
+        data, proxy.producer_id, proxy.producer_epoch, proxy.base_sequence, made
+    )
+    assert b"".join(with_made) == b"".join(stamped) == out
 
 
 def as_read(record: Any, base_offset: int) -> tuple[Any, ...]:
@@ -1002,16 +1011,18 @@ def test_compiled_builder_writes_kafka_pythons_bytes(
     codec: int, items: list[Spec], log_append: bool
 ) -> None:
     records = client_records(items)
-    built = build_batch(
-        records,
-        compression=codec,
-        timestamp_type=int(log_append),
-        producer_id=9,
-        producer_epoch=1,
-        base_sequence=5,
-        add_identity_headers=False,
-    )
-    expected = kafka_python_build(records, codec, log_append)
+    # gzip writes the time (in seconds) into its header: both builds in the same second.
+    with mock.patch("gzip.time.time", return_value=1_700_000_000.0):
+        built = build_batch(
+            records,
+            compression=codec,
+            timestamp_type=int(log_append),
+            producer_id=9,
+            producer_epoch=1,
+            base_sequence=5,
+            add_identity_headers=False,
+        )
+        expected = kafka_python_build(records, codec, log_append)
     # All but the partition leader epoch (set by the broker): -1 as the Java client's.
     assert built[:12] + built[16:] == expected[:12] + expected[16:]
     assert built[12:16] == b"\xff\xff\xff\xff"
@@ -1342,14 +1353,14 @@ def test_the_rust_rewrite_writes_what_build_batch_writes(
     assert batch.run is not None and batch.run.rewritable
     producer_id, producer_epoch, sequence = out
 
-    def rewritten(records: bytes | None = None) -> bytes:
+    def rewritten(ahead: batches.MadeAhead | None = None) -> bytes:
         pieces = batches.rewritten_with_identity_headers(
             batch,
             producer_id=producer_id,
             producer_epoch=producer_epoch,
             base_sequence=sequence,
             headers=names,
-            records=records,
+            ahead=ahead,
         )
         return b"".join(pieces)
 
@@ -1364,8 +1375,12 @@ def test_the_rust_rewrite_writes_what_build_batch_writes(
         headers=names,
     )
     assert rewritten() == rebuilt
-    made_ahead = batches.identity_records(batch, names)  # as the reader thread makes them
+    made_ahead = batches.made_ahead(batch, names, True)  # as the reader thread makes it
+    assert made_ahead.identity_records is not None
     assert rewritten(made_ahead) == rebuilt
+    # Made for the rewrite, it says nothing of the client's records as they are.
+    as_is = b"".join(batches.restamped(batch.raw, producer_id, producer_epoch, sequence))
+    assert b"".join(batches.restamped(batch.raw, *out, made_ahead)) == as_is
     # and the log reads the identities back from the headers, as replay does
     [logged] = read_batches(rewritten(), names, from_log=True)
     assert [r.identity for r in logged.records] == [r.identity for r in batch.records]

@@ -36,6 +36,7 @@ import kio.schema.produce.v11.request as produce_v11
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatch
 from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName, TransactionalId
 from kio.static.primitive import Records, i16, i32, i32Timedelta
@@ -52,6 +53,7 @@ from dedup.batches import (
     IncomingBatch,
     IncomingRecord,
     LazyRecords,
+    MadeAhead,
     build_batch,
     read_batches,
     restamp_batch,
@@ -698,18 +700,23 @@ async def test_a_large_batch_of_implicit_identities_gets_its_headers_in_the_read
         add_identity_headers=False,
     )
     threads: list[str] = []
-    real = engine_module.identity_records
+    real = engine_module.made_ahead
 
-    def spy(*args: Any) -> bytes:
+    def spy(*args: Any) -> MadeAhead:
         threads.append(threading.current_thread().name)
-        return real(*args)
+        made = real(*args)
+        assert made.identity_records is not None
+        return made
 
-    with mock.patch.object(engine_module, "identity_records", spy):
+    with mock.patch.object(engine_module, "made_ahead", spy):
         async with running() as rig:
             await rig.send((P0, large))
             assert len(threads) == 1 and threads[0] != threading.main_thread().name
             [written] = rig.writer.built[P0]
             assert identities(written) == [("kafka-pid-41-0", 5 + i) for i in range(count)]
+    # Its CRC32C, from the records' CRC made in the thread, is the batch's.
+    check: Any = DefaultRecordBatch(bytes(written))
+    assert check.validate_crc()
 
 
 async def test_large_partition_data_is_read_off_the_event_loop() -> None:
