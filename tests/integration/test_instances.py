@@ -17,7 +17,7 @@ import time
 import urllib.request
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dedup.client import DedupProducer
 from dedup.identity import DEFAULT_PRODUCER_HEADER
+from dedup.ownership.members import Member
+from dedup.ownership.placement import rendezvous
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
@@ -34,6 +36,7 @@ from tests.support.ports import INSTANCES
 from tests.support.proxy_api import metric_total
 from tests.support.restartable import RestartableProxy
 from tests.support.topics import new_topic
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +48,15 @@ FAST = {"DEDUP_PROXY_LEASE_TTL_S": str(TTL_S), "DEDUP_PROXY_HEARTBEAT_S": "0.5"}
 class Group:
     """Instances inst-0..n-1 sharing a key prefix and a snapshot topic."""
 
-    def __init__(self, env: EnvInfo, log_dir: Path, count: int, **settings: str) -> None:
+    def __init__(
+        self,
+        env: EnvInfo,
+        log_dir: Path,
+        count: int,
+        per_member: Sequence[Mapping[str, str]] = (),
+        **settings: str,
+    ) -> None:
+        """`settings` for every instance, and `per_member[i]` for inst-i alone."""
         tag = uuid.uuid4().hex[:8]
         shared = {
             "DEDUP_PROXY_REDIS_KEY_PREFIX": f"instances-{tag}",
@@ -62,6 +73,7 @@ class Group:
                 "instances",
                 DEDUP_PROXY_INSTANCE_ID=f"inst-{i}-{tag}",
                 **shared,
+                **(per_member[i] if i < len(per_member) else {}),
             )
             for i in range(count)
         ]
@@ -109,8 +121,8 @@ class Group:
 def group_factory(local_env: EnvInfo, tmp_path: Path) -> Iterator[Any]:
     groups: list[Group] = []
 
-    def make(count: int, **settings: str) -> Group:
-        group = Group(local_env, tmp_path, count, **settings)
+    def make(count: int, per_member: Sequence[Mapping[str, str]] = (), **settings: str) -> Group:
+        group = Group(local_env, tmp_path, count, per_member, **settings)
         groups.append(group)
         return group.start()
 
@@ -302,6 +314,70 @@ def test_a_rolling_restart_under_load_hands_partitions_over_cleanly(
     for name in written:
         assert_each_once_in_order(written[name], 15_000)
     assert group.metric('dedup_lease_events_total{event="taken_over"}') == 0, "no fence needed"
+
+
+def test_a_group_mixing_check_states_moves_partitions_both_ways_exactly_once(
+    group_factory: Any, local_env: EnvInfo
+) -> None:
+    """`check_state` is each instance's own setting, so a rolling change from one to the
+    other runs a group with both. Under load, partitions move between the instance checking
+    in memory (inst-0) and the one checking in Redis (inst-1) every way there is: a fenced
+    takeover from a killed instance (writes left in flight, re-sent by the clients) in both
+    directions, and a clean handoff from a stopped one in both directions."""
+    modes = ({"DEDUP_PROXY_CHECK_STATE": "memory"}, {"DEDUP_PROXY_CHECK_STATE": "redis"})
+    group = group_factory(2, modes)
+    partitions = 4
+    topic = topic_split_between(local_env.bootstrap, group.ids, partitions)
+    total = 45_000
+    loads = [
+        SequencedProducer(
+            group.proxy(i).bootstrap, topic, f"mixed-{i}", total, per_second=1500, keyed=True
+        ).start()
+        for i in range(2)
+    ]
+    names = {f"{topic}/{p}" for p in range(partitions)}
+
+    def held(i: int) -> set[str]:
+        return names & set(group.ownership(i)["held"])
+
+    def takeovers(i: int) -> float:
+        return metric_total(group.proxy(i), 'dedup_lease_events_total{event="taken_over"}')
+
+    def moves_all(source: int, kill: bool) -> None:
+        """`source`'s partitions all go to the other instance; then `source` starts again."""
+        other = 1 - source
+        wait_until(lambda: held(source), 20, f"inst-{source} holds a partition")
+        before = takeovers(other)
+        if kill:
+            group.members[source].kill()
+            wait_until(lambda: takeovers(other) > before, 30, f"inst-{other} takes over")
+        else:
+            group.members[source].stop()  # SIGTERM: drain, hand over, leave
+        wait_until(lambda: held(other) == names, 30, f"inst-{other} holds every partition")
+        group.members[source].start()
+
+    time.sleep(1.5)
+    moves_all(0, kill=True)  # memory -> redis, fenced
+    moves_all(1, kill=False)  # redis -> memory, handed over
+    moves_all(0, kill=False)  # memory -> redis, handed over
+    moves_all(1, kill=True)  # redis -> memory, fenced
+    for load in loads:
+        assert load.finish(180) == 0, "every record delivered"
+    written = by_producer(local_env.bootstrap, topic, partitions)
+    assert sorted(written) == ["mixed-0", "mixed-1"]
+    for name in written:
+        assert_each_once_in_order(written[name], total)
+
+
+def topic_split_between(bootstrap: str, instance_ids: Sequence[str], partitions: int) -> str:
+    """A new topic of which the balanced placement gives every instance a partition."""
+    members = [Member(name, "", slot, "", 0, 0) for slot, name in enumerate(instance_ids)]
+    for _ in range(50):
+        topic = new_topic(bootstrap, partitions=partitions)
+        owners = {rendezvous(f"{topic}/{p}", members) for p in range(partitions)}
+        if len(owners) == len(members):
+            return topic
+    raise AssertionError("no topic name split the partitions between the instances")
 
 
 def test_instances_killed_in_turn_under_load_lose_and_duplicate_nothing(
