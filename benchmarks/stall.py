@@ -54,8 +54,8 @@ BIG_RECORD_BYTES = 1000
 SMALL_RECORD_BYTES = 100
 # 32 MB is what the proxy takes in one batch by default (max_batch_records 50,000, and
 # max_batch_decompressed_bytes 32 MiB, which counts an uncompressed batch's records too). A
-# larger request raises the dedup proxy's limits to fit (`proxy_limits`). Before the local broker capped its
-# cached NIO buffers (deploy/config.py), requests of 90 MB ran it out of direct memory.
+# larger request raises the dedup proxy's limits to fit (`proxy_limits`). The local broker
+# has the direct memory such requests need (deploy/config.py).
 DEFAULT_BIG_MB = 32
 DEFAULT_ROUNDS = 3
 QUICK_BIG_MB = 16

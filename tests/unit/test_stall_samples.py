@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.stall import LOOP_LAG_BUCKET, latency_figures, loop_lag_bound_ms, split_samples
+from benchmarks.stall import (
+    LOOP_LAG_BUCKET,
+    big_records,
+    latency_figures,
+    loop_lag_bound_ms,
+    proxy_limits,
+    split_samples,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -55,3 +62,10 @@ def test_no_new_lag_is_none_and_one_past_every_bound_is_infinite() -> None:
     assert loop_lag_bound_ms(before, before) is None
     assert loop_lag_bound_ms(before, lag_scrape(1, 1, 1, 1, 2)) == float("inf")
     assert loop_lag_bound_ms({}, {}) is None
+
+
+def test_a_big_request_above_the_proxys_default_limits_gets_them_raised() -> None:
+    assert proxy_limits(32) == {}  # 32,000 records of 1000 B: within the defaults
+    raised = proxy_limits(95)
+    assert int(raised["DEDUP_PROXY_MAX_BATCH_RECORDS"]) >= big_records(95) == 95_000
+    assert int(raised["DEDUP_PROXY_MAX_BATCH_DECOMPRESSED_BYTES"]) > 95 * 1_000_000
