@@ -254,10 +254,18 @@ async def _write_in_pieces(
             if size >= _PIECE_BYTES:
                 writer.writelines(chunk)
                 chunk, size = [], 0
-                await writer.drain()
+                await _socket_took_it(writer)
     if chunk:
         writer.writelines(chunk)
         await writer.drain()
+
+
+async def _socket_took_it(writer: asyncio.StreamWriter) -> None:
+    """Until the transport is below its high-water mark, and at least one turn of the loop:
+    `drain` returns without one while the socket keeps taking what it is given (loopback
+    takes megabytes at once), and the loop would write the whole request in one go."""
+    await writer.drain()
+    await asyncio.sleep(0)
 
 
 def _records_bytes(payload: Any) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import itertools
 from typing import Any, cast
 
 import kio.schema.produce.v11.request as produce_v11
@@ -129,6 +130,43 @@ def test_large_requests_go_out_unjoined_in_pieces_and_keep_their_place_on_the_wi
     assert [request_correlation_id(f) for f in frames] == [1, 2, 3, 4, 5]
     assert frames == expected, "every frame whole, byte for byte, in the order sent"
     assert framed_whole == [2, 4, 5], "only the small ones are framed as one bytes object"
+
+
+def test_the_loop_turns_between_the_pieces_of_a_large_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loopback takes megabytes at once, so `drain` alone never waits: without a turn of
+    the loop per piece, one request would be written whole while every connection waits."""
+    monkeypatch.setattr(upstream_client, "_PIECE_BYTES", 1000)
+    turns: list[int] = []  # the pieces written so far, at each turn of the loop
+    written = 0
+    real_writelines = asyncio.StreamWriter.writelines
+
+    def counting(self: asyncio.StreamWriter, data: Any) -> None:
+        nonlocal written
+        written += 1
+        real_writelines(self, data)
+
+    async def ticking() -> None:
+        while True:
+            turns.append(written)
+            await asyncio.sleep(0)
+
+    async def scenario() -> None:
+        recorder = Recorder()
+        async with recorder as endpoint:
+            client = await UpstreamClient(endpoint, 5.0, queued_from_bytes=QUEUED_FROM).connect()
+            ticker = asyncio.create_task(ticking())
+            monkeypatch.setattr(asyncio.StreamWriter, "writelines", counting)
+            client.send(produce(b"L" * 50_000))  # some 50 pieces
+            await recorder.wait_for(1)
+            ticker.cancel()
+            await client.close()
+
+    asyncio.run(scenario())
+    assert written >= 50
+    steps = [b - a for a, b in itertools.pairwise(turns)]
+    assert max(steps) <= 1, "at most one piece between two turns of the loop"
 
 
 def test_records_stay_in_pieces_from_the_queueing_size_on() -> None:
