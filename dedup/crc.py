@@ -58,7 +58,7 @@ def _x_to_8n(n: int) -> int:
 def crc32c_combine(first_crc: int, second_crc: int, second_length: int) -> int:
     """crc32c(first + second), given crc32c(first), crc32c(second) and len(second)."""
     if second_length < 0:
-        raise ValueError(f"a length is not negative: {second_length}")
+        raise ValueError(f"a length cannot be negative: {second_length}")
     if second_length >= 1 << 64:
         raise ValueError(f"a length under 2^64 bytes, not {second_length}")
     return _multiply(_x_to_8n(second_length), first_crc) ^ second_crc

@@ -173,9 +173,9 @@ class _Work:
     behind: bool = False  # refused because one ahead of it in line was not written
     in_turn: bool = False  # every request ahead of it in line is written or refused
     checked_as: PartitionCheck | None = None  # what the state checked, once it did
-    # Per batch, its `identity_records` made in the reader thread (large or compressed
-    # batches of implicit identity), else None: made when written, if needed.
-    prepared: list[MadeAhead] = field(default_factory=list)  # made in the reader thread
+    # Per batch, what the reader thread made of it (`made_ahead`: large or compressed
+    # batches); empty when the batches were read on the loop, and made when written.
+    prepared: list[MadeAhead] = field(default_factory=list)
 
     @property
     def key(self) -> Key:

@@ -47,8 +47,8 @@ KAFKA_HEAP_OPTS = ("-Xms256m", "-Xmx512m")
 # Java's NIO keeps, per thread, a temporary direct buffer as large as the largest heap buffer
 # it read into from a socket or wrote from to a file, and direct memory is capped at -Xmx by
 # default. Requests near Kafka's 100 MB limit left one of ~96 MB per network and
-# request-handler thread, and the fifth ran the broker out of direct memory. Room for all of
-# them; it is taken only by such requests. (Not -Djdk.nio.maxCachedBufferSize: uncached, a
+# request-handler thread that handled one, and the broker ran out of direct memory. Room for
+# all of them; it is taken only by such requests. (Not -Djdk.nio.maxCachedBufferSize: uncached, a
 # buffer of the request's size is allocated for every read, and a 95 MB request took 14 s.)
 KAFKA_DIRECT_MEMORY_OPT = "-XX:MaxDirectMemorySize=2g"
 # The GC settings of Kafka's own kafka-run-class.sh.
