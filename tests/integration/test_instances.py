@@ -354,6 +354,8 @@ def test_a_group_mixing_check_states_moves_partitions_both_ways_exactly_once(
         else:
             group.members[source].stop()  # SIGTERM: drain, hand over, leave
         wait_until(lambda: held(other) == names, 30, f"inst-{other} holds every partition")
+        if not kill:
+            assert takeovers(other) == before, "handed over: no fence needed"
         group.members[source].start()
 
     time.sleep(1.5)
