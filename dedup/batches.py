@@ -75,7 +75,7 @@ from kafka.record.default_records import DefaultRecordBatch
 from kio.schema.errors import ErrorCode
 
 from dedup.chunks import CHUNK_HEADERS, ChunkError, ChunkMeta, parse_chunk_headers
-from dedup.crc import crc32c_combine
+from dedup.crc import crc32c_combine, crc32c_of_second
 from dedup.identity import (
     DEFAULT_PRODUCER_HEADER,
     DEFAULT_SEQUENCE_HEADER,
@@ -1359,11 +1359,18 @@ def made_ahead(
     batch: IncomingBatch, headers: IdentityHeaders, add_identity_headers: bool
 ) -> MadeAhead:
     """For `rewritten_with_identity_headers` when the batch is rewritable and gets identity
-    headers, else for `restamped` (a rebuild, after duplicates were dropped, uses neither)."""
+    headers, else for `restamped` (a rebuild, after duplicates were dropped, uses neither).
+    `batch` is as `read_batches` read it, its stored CRC32C verified: the records' CRC is
+    derived from it, without a second pass over them."""
     if add_identity_headers and batch.run is not None and batch.run.rewritable:
         records = identity_records(batch, headers)
         return MadeAhead(records, _crc32c(records))
-    return MadeAhead(None, _crc32c(memoryview(batch.raw)[_RECORD_COUNT_OFFSET:]))
+    raw = memoryview(batch.raw)
+    stored_crc = _HEADER.unpack_from(raw)[4]
+    header_crc = _crc32c(raw[_ATTRIBUTES_OFFSET:_RECORD_COUNT_OFFSET])
+    return MadeAhead(
+        None, crc32c_of_second(stored_crc, header_crc, len(raw) - _RECORD_COUNT_OFFSET)
+    )
 
 
 def _header_and_records_crc(

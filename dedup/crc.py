@@ -57,8 +57,19 @@ def _x_to_8n(n: int) -> int:
 
 def crc32c_combine(first_crc: int, second_crc: int, second_length: int) -> int:
     """crc32c(first + second), given crc32c(first), crc32c(second) and len(second)."""
+    return _shifted(first_crc, second_length) ^ second_crc
+
+
+def crc32c_of_second(joined_crc: int, first_crc: int, second_length: int) -> int:
+    """crc32c(second), given crc32c(first + second), crc32c(first) and len(second): the
+    combination undone (a batch's records' CRC from its verified CRC and its header's)."""
+    return _shifted(first_crc, second_length) ^ joined_crc
+
+
+def _shifted(first_crc: int, second_length: int) -> int:
+    """first's CRC carried over `second_length` bytes."""
     if second_length < 0:
         raise ValueError(f"a length cannot be negative: {second_length}")
     if second_length >= 1 << 64:
         raise ValueError(f"a length under 2^64 bytes, not {second_length}")
-    return _multiply(_x_to_8n(second_length), first_crc) ^ second_crc
+    return _multiply(_x_to_8n(second_length), first_crc)

@@ -7,7 +7,7 @@ from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedup.crc import crc32c_combine
+from dedup.crc import crc32c_combine, crc32c_of_second
 
 pytestmark = pytest.mark.unit
 
@@ -21,6 +21,14 @@ def test_the_combined_crc_is_the_crc_of_the_joined_bytes(first: bytes, second: b
 def test_long_seconds(first: bytes, zeros: int) -> None:
     second = bytes(zeros)  # long, and cheap to make: every length bit is exercised
     assert crc32c_combine(crc32c(first), crc32c(second), zeros) == crc32c(first + second)
+
+
+@given(first=st.binary(max_size=200), second=st.binary(max_size=5000))
+def test_the_second_crc_is_recovered_from_the_joined_and_the_first(
+    first: bytes, second: bytes
+) -> None:
+    joined = crc32c(first + second)
+    assert crc32c_of_second(joined, crc32c(first), len(second)) == crc32c(second)
 
 
 def test_an_empty_second_leaves_the_first() -> None:
