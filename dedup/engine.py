@@ -86,6 +86,7 @@ from dedup.state import (
     persisted_position,
 )
 from dedup.writer import BatchToWrite, WriteResult
+from proxy.kafka.error_codes import retriable
 from proxy.kafka.produce_codec import RecordBytes
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import records_for_request
@@ -140,6 +141,8 @@ class Admission:
     queued_before: list[asyncio.Future[None]] = field(default_factory=list)
     queued: list[asyncio.Future[None]] = field(default_factory=list)
     numbers: dict[Key, int] = field(default_factory=dict)  # its number in each partition's line
+    # The request's records by partition, as admit read them (the last data named counts).
+    parts: dict[Key, bytes | None] = field(default_factory=dict)
 
     def checks_queued(self) -> None:
         for queued in self.queued:
@@ -365,8 +368,8 @@ class DedupEngine:
             return None
         # Nothing below awaits: the places in line follow the order of arrival.
         loop = asyncio.get_running_loop()
-        admission = Admission(snapshot, principal)
-        for key in _partition_data(request):  # one place per partition, however often named
+        admission = Admission(snapshot, principal, parts=_partition_data(request))
+        for key in admission.parts:  # one place per partition, however often named
             gate = self._partitions.of(key)
             if gate.last_in_line is not None and not gate.last_in_line.done():
                 admission.predecessors.append(gate.last_in_line)
@@ -386,7 +389,7 @@ class DedupEngine:
         self, request: Any, admission: Admission, broker: Endpoint
     ) -> dict[tuple[str, int], PartitionAnswer]:
         """Run one admitted Produce request through dedup; an answer per partition."""
-        parts = _partition_data(request)
+        parts = admission.parts or _partition_data(request)
         if len(parts) < sum(len(topic.partition_data) for topic in request.topic_data):
             log.warning("a Produce request names a partition twice: its last data counts")
         modes = admission.snapshot.mode_for
@@ -512,7 +515,7 @@ class DedupEngine:
         (at the gate, before its turn) now refuses those behind it, as `_refuse` does."""
         for item in work:
             item.in_turn = True
-            if item.answer is not None and not item.behind and _retriable(item.answer.error_code):
+            if item.answer is not None and not item.behind and retriable(item.answer.error_code):
                 self._refuse_behind(item)
 
     async def _judge(self, checking: _Checking) -> None:
@@ -592,8 +595,9 @@ class DedupEngine:
             item.sizes = verdict.sizes
             if Status.DUP in verdict.statuses:  # else every record is kept, as it stands
                 self._drop_duplicates(item, verdict.statuses)
-            metrics.RECORDS.labels("dup").inc(item.dropped)
-            metrics.RECORDS.labels("not_dup").inc(len(verdict.statuses) - item.dropped)
+            if item.dropped:
+                metrics.DUP_RECORDS.inc(item.dropped)
+            metrics.NEW_RECORDS.inc(len(verdict.statuses) - item.dropped)
 
     @staticmethod
     def _drop_duplicates(item: _Work, statuses: Sequence[Status]) -> None:
@@ -754,7 +758,7 @@ class DedupEngine:
         batch of the partition takes a sequence."""
 
         def settled(result: WriteResult) -> None:
-            if not result.written and _retriable(result.error_code) and not item.behind:
+            if not result.written and retriable(result.error_code) and not item.behind:
                 self._refuse_behind(item)
 
         return settled
@@ -795,7 +799,7 @@ class DedupEngine:
         for item in work:
             if item.answer is None:
                 self._abandon(item)
-            elif item.mode is not Mode.DISABLED and _retriable(item.answer.error_code):
+            elif item.mode is not Mode.DISABLED and retriable(item.answer.error_code):
                 # Again now: requests admitted since it was refused were sent before its
                 # answer too.
                 self._refuse_behind(item)
@@ -824,7 +828,7 @@ class DedupEngine:
     def _refuse(self, item: _Work, answer: PartitionAnswer) -> None:
         """Answer not written; when the client retries that, nothing behind may overtake."""
         item.answer = answer
-        if _retriable(answer.error_code) and not item.behind:
+        if retriable(answer.error_code) and not item.behind:
             self._refuse_behind(item)
 
     def _refuse_behind(self, item: _Work) -> None:
@@ -940,7 +944,9 @@ class DedupEngine:
         task.add_done_callback(self._background.discard)
 
     def _state_of(self, item: _Work) -> PartitionState:
-        return self._partitions.of(item.key)
+        key = (item.topic, item.partition)  # asked several times per request: no property
+        state = self._partitions.get(key)
+        return self._partitions.of(key) if state is None else state
 
 
 def _read_and_prepare(
@@ -962,14 +968,6 @@ def _partition_data(request: Any) -> dict[Key, bytes | None]:
         for part in topic.partition_data:
             parts[(str(topic.name), int(part.index))] = part.records
     return parts
-
-
-def _retriable(error_code: int) -> bool:
-    """Whether a client retries after this answer (an unknown code: assume it does)."""
-    try:
-        return bool(ErrorCode(error_code).retriable)
-    except ValueError:
-        return True
 
 
 def _recovering() -> PartitionAnswer:

@@ -9,6 +9,9 @@ RECORDS = Counter(
     "Records checked, by verdict (not_dup: forwarded, dup: dropped, unknown: refused)",
     ["verdict"],
 )
+# Bound once: a label lookup per request is measurable on the produce path.
+NEW_RECORDS = RECORDS.labels("not_dup")
+DUP_RECORDS = RECORDS.labels("dup")
 CHECK_ROUND_TRIPS = Counter(
     "dedup_check_round_trips_total",
     "Redis round trips of the dedup check; Produce requests checked: dedup_checked_requests_total",

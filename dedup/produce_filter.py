@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any
+from typing import Any, cast
 
 import structlog
-from kio.schema.errors import ErrorCode
 from kio.schema.types import BrokerId
 from kio.static.primitive import i32, i64
 from kio.static.protocol import ResponsePayload
@@ -22,6 +21,7 @@ from kio.static.protocol import ResponsePayload
 from dedup.batches import copy_of
 from dedup.engine import Admission, DedupEngine, PartitionAnswer
 from proxy.kafka.api_keys import ApiKey
+from proxy.kafka.error_codes import error_code
 from proxy.kafka.produce_decoder import decode_produce_request
 from proxy.kafka.schemas import response_type
 from proxy.kafka.topology import Endpoint
@@ -111,13 +111,15 @@ def produce_response(
             if index in partitions:
                 continue
             answer = answers[(name, index)]
+            # kio's phantom types (i32, i64) are their values at run time: the values come
+            # from the decoded request and Kafka's answers, so they are cast, not validated.
             fields: dict[str, Any] = {
-                "index": i32(index),
-                "error_code": ErrorCode(answer.error_code),
-                "base_offset": i64(answer.base_offset),
+                "index": cast(i32, index),
+                "error_code": error_code(answer.error_code),
+                "base_offset": cast(i64, answer.base_offset),
             }
             if version >= 5:
-                fields["log_start_offset"] = i64(answer.log_start_offset)
+                fields["log_start_offset"] = cast(i64, answer.log_start_offset)
             if version >= 8:
                 fields["record_errors"] = ()
                 fields["error_message"] = answer.error_message

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,8 @@ from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from dedup.fencing import ProducerIdentity
-from proxy.kafka.produce_codec import RecordBytes, RecordPieces
+from proxy.kafka.error_codes import error_code
+from proxy.kafka.produce_codec import RecordBytes
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import LinkClosed
 
@@ -567,21 +569,27 @@ class IdempotentWriter:
         """The Produce request for these batches; None when there is none to send."""
         if not items:
             return None
+        # kio's phantom types (i32, Records, TopicName) are their values at run time; their
+        # constructors only validate. The values here are valid by construction (a partition
+        # and topic of a decoded request, the writer's own bytes), so they are cast, not
+        # validated again on every request.
         topics: dict[str, list[produce_request.PartitionProduceData]] = {}
         for batch, data in items:
             topics.setdefault(batch.topic, []).append(
                 produce_request.PartitionProduceData(
-                    index=i32(batch.partition),
+                    index=cast(i32, batch.partition),
                     # Pieces as they are: the request is written unjoined (`RecordPieces`).
-                    records=cast(Records, data) if type(data) is RecordPieces else Records(data),
+                    records=cast(Records, data),
                 )
             )
         return produce_request.ProduceRequest(
             transactional_id=None,
-            acks=i16(-1),  # idempotent writes require acks=all
-            timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=timeout_ms)),
+            acks=_ACKS_ALL,
+            timeout=_request_timeout(timeout_ms),
             topic_data=tuple(
-                produce_request.TopicProduceData(name=TopicName(name), partition_data=tuple(parts))
+                produce_request.TopicProduceData(
+                    name=cast(TopicName, name), partition_data=tuple(parts)
+                )
                 for name, parts in topics.items()
             ),
         )
@@ -601,7 +609,7 @@ class IdempotentWriter:
         for topic in response.responses:
             for part in topic.partition_responses:
                 try:
-                    code = ErrorCode(part.error_code)
+                    code = error_code(part.error_code)
                 except ValueError:  # newer than kio: say nothing, so the write is re-sent
                     continue
                 append_time = part.log_append_time
@@ -646,6 +654,15 @@ class IdempotentWriter:
         if state is None:
             state = self._partitions[key] = _Partition()
         return state
+
+
+_ACKS_ALL = i16(-1)  # idempotent writes require acks=all
+
+
+@functools.lru_cache(maxsize=64)
+def _request_timeout(timeout_ms: int) -> i32Timedelta:
+    """The request's timeout as kio holds it; clients send a handful of distinct values."""
+    return i32Timedelta.parse(datetime.timedelta(milliseconds=timeout_ms))
 
 
 def _tell(batch: BatchToWrite, outcome: WriteResult) -> None:
