@@ -189,9 +189,7 @@ class ClientConnection:
             if payload is None:
                 return
             header = parse_request_header(payload)
-            api = metrics.for_api(header.api_key)
-            api.requests.inc()
-            api.bytes_in.inc(len(payload) + 4)
+            metrics.for_api(header.api_key).request(len(payload) + 4)
             expects_answer = expects_response(header, payload)
             filtered = chain.filters_request(header.api_key)
             # A slot before any work on the request: one the proxy handles itself without an
@@ -255,9 +253,9 @@ class ClientConnection:
             if client.is_closing():
                 raise ConnectionResetError("client connection closed")
             client.writelines((len(payload).to_bytes(4, "big"), payload))
-            api = metrics.for_api(header.api_key)
-            api.bytes_out.inc(len(payload) + 4)
-            api.seconds.observe(time.perf_counter() - pending.started)
+            metrics.for_api(header.api_key).response(
+                len(payload) + 4, time.perf_counter() - pending.started
+            )
             self._in_flight.release()
             await client.drain()
 

@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
-from dedup.produce_filter import DECODE_OFF_LOOP_BYTES, _decoded
+from dedup.engine import PartitionAnswer
+from dedup.produce_filter import DECODE_OFF_LOOP_BYTES, DedupProduceFilter, _decoded
 from proxy.kafka.schemas import decode_request_body
+from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import encode_request
 from proxy.kafka.wire import FrameError, parse_request_header
-from proxy.runtime.chain import RequestFrame
+from proxy.runtime.chain import RequestFrame, Respond
 from tests.support.raw import produce_request
 from tests.support.threads import record_to_thread
 
 pytestmark = pytest.mark.unit
+
+BROKER = Endpoint("127.0.0.1", 9092)
 
 
 def frame_of(records: bytes, tail: bytes = b"") -> RequestFrame:
@@ -56,3 +61,73 @@ def test_a_large_request_the_hand_decoder_leaves_is_kios_to_refuse() -> None:
     frame = frame_of(bytes(DECODE_OFF_LOOP_BYTES), tail=b"\x01\x05\x01\x00")  # a tagged field
     with pytest.raises(FrameError, match="malformed produce request"):
         asyncio.run(_decoded(frame))
+
+
+class _HeldEngine:
+    """An engine whose every request is written when the test says (or fails with `error`)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.release = asyncio.Event()
+        self.written = 0
+        self.error = error
+
+    async def dedup_anywhere(self) -> bool:
+        return True
+
+    async def admit(self, request: Any, principal: str | None = None) -> object:
+        return object()
+
+    async def produce(self, request: Any, admission: Any, broker: Any) -> dict[Any, Any]:
+        await self.release.wait()
+        if self.error is not None:
+            raise self.error
+        self.written += 1
+        return {("t", 0): PartitionAnswer(base_offset=5)}
+
+
+def _filter_and_context(engine: _HeldEngine) -> tuple[DedupProduceFilter, Any]:
+    context = SimpleNamespace(identity=SimpleNamespace(principal=None), upstream=BROKER)
+    return DedupProduceFilter(cast(Any, engine)), context
+
+
+def test_the_answer_is_the_produce_response_of_the_write() -> None:
+    async def scenario() -> Any:
+        engine = _HeldEngine()
+        produce_filter, context = _filter_and_context(engine)
+        decision = await produce_filter.on_request(frame_of(b"records"), context)
+        assert isinstance(decision, Respond)
+        engine.release.set()
+        return await decision.answer
+
+    response = asyncio.run(scenario())
+    (topic,) = response.responses
+    (partition,) = topic.partition_responses
+    assert (str(topic.name), int(partition.index), int(partition.base_offset)) == ("t", 0, 5)
+
+
+def test_a_connection_that_stops_waiting_leaves_the_write_running() -> None:
+    async def scenario() -> int:
+        engine = _HeldEngine()
+        produce_filter, context = _filter_and_context(engine)
+        decision = await produce_filter.on_request(frame_of(b"records"), context)
+        assert isinstance(decision, Respond)
+        decision.answer.cancel()  # the client's connection went away
+        await asyncio.sleep(0)
+        engine.release.set()
+        await produce_filter.drain()
+        return engine.written
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_a_failed_write_fails_the_answer_with_its_error() -> None:
+    async def scenario() -> None:
+        engine = _HeldEngine(error=RuntimeError("boom"))
+        produce_filter, context = _filter_and_context(engine)
+        decision = await produce_filter.on_request(frame_of(b"records"), context)
+        assert isinstance(decision, Respond)
+        engine.release.set()
+        with pytest.raises(RuntimeError, match="boom"):
+            await decision.answer
+
+    asyncio.run(scenario())

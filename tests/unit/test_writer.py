@@ -10,6 +10,7 @@ at a time.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -494,3 +495,36 @@ def test_lanes_must_be_at_least_one() -> None:
     link = FakeLink()
     with pytest.raises(ValueError, match="lanes"):
         IdempotentWriter(lambda t, p: BROKER, FakeFencer(link), lambda e, lane: link, lanes=0)  # type: ignore[arg-type,return-value]
+
+
+def test_an_answer_that_never_comes_is_unknown_once_the_deadline_passes() -> None:
+    async def scenario() -> tuple[Any, bool, float]:
+        writer = scripted_writer(FakeLink())  # timeout_s 1.0, added to the request's own
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        started = time.monotonic()
+        result = await writer._await_answer(answer, timeout_ms=0)
+        return result, answer.done(), time.monotonic() - started
+
+    result, answer_done, took = run(scenario())
+    assert result is None  # the request's fate is unknown: resolved as ambiguous
+    assert answer_done  # a late answer from Kafka finds it settled and is skipped
+    assert 0.9 <= took < 10
+
+
+def test_a_cancellation_that_arrives_with_the_answer_is_not_lost() -> None:
+    """The case Python 3.11's wait_for gets wrong (CPython gh-86296)."""
+
+    async def scenario() -> bool:
+        writer = scripted_writer(FakeLink())
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.create_task(writer._await_answer(answer, 1000))
+        await asyncio.sleep(0)  # it waits on the answer now
+        answer.set_result(_response([("t", 0)], 0))
+        waiting.cancel()
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert run(scenario())
