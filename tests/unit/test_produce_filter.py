@@ -85,17 +85,19 @@ class _HeldEngine:
         return {("t", 0): PartitionAnswer(base_offset=5)}
 
 
-def _filter_and_context(engine: _HeldEngine) -> tuple[DedupProduceFilter, Any]:
+async def _responded(engine: _HeldEngine) -> tuple[DedupProduceFilter, Respond]:
+    """The filter over `engine`, and its decision on one Produce request (a `Respond`)."""
+    produce_filter = DedupProduceFilter(cast(Any, engine))
     context = SimpleNamespace(identity=SimpleNamespace(principal=None), upstream=BROKER)
-    return DedupProduceFilter(cast(Any, engine)), context
+    decision = await produce_filter.on_request(frame_of(b"records"), cast(Any, context))
+    assert isinstance(decision, Respond)
+    return produce_filter, decision
 
 
 def test_the_answer_is_the_produce_response_of_the_write() -> None:
     async def scenario() -> Any:
         engine = _HeldEngine()
-        produce_filter, context = _filter_and_context(engine)
-        decision = await produce_filter.on_request(frame_of(b"records"), context)
-        assert isinstance(decision, Respond)
+        _, decision = await _responded(engine)
         engine.release.set()
         return await decision.answer
 
@@ -108,9 +110,7 @@ def test_the_answer_is_the_produce_response_of_the_write() -> None:
 def test_a_connection_that_stops_waiting_leaves_the_write_running() -> None:
     async def scenario() -> int:
         engine = _HeldEngine()
-        produce_filter, context = _filter_and_context(engine)
-        decision = await produce_filter.on_request(frame_of(b"records"), context)
-        assert isinstance(decision, Respond)
+        produce_filter, decision = await _responded(engine)
         decision.answer.cancel()  # the client's connection went away
         await asyncio.sleep(0)
         engine.release.set()
@@ -123,9 +123,7 @@ def test_a_connection_that_stops_waiting_leaves_the_write_running() -> None:
 def test_a_failed_write_fails_the_answer_with_its_error() -> None:
     async def scenario() -> None:
         engine = _HeldEngine(error=RuntimeError("boom"))
-        produce_filter, context = _filter_and_context(engine)
-        decision = await produce_filter.on_request(frame_of(b"records"), context)
-        assert isinstance(decision, Respond)
+        _, decision = await _responded(engine)
         engine.release.set()
         with pytest.raises(RuntimeError, match="boom"):
             await decision.answer
