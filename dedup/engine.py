@@ -389,7 +389,7 @@ class DedupEngine:
         self, request: Any, admission: Admission, broker: Endpoint
     ) -> dict[tuple[str, int], PartitionAnswer]:
         """Run one admitted Produce request through dedup; an answer per partition."""
-        parts = admission.parts or _partition_data(request)
+        parts = admission.parts
         if len(parts) < sum(len(topic.partition_data) for topic in request.topic_data):
             log.warning("a Produce request names a partition twice: its last data counts")
         modes = admission.snapshot.mode_for

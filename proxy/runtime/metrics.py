@@ -114,11 +114,7 @@ class ApiCollector(Collector):
         self._by_api = by_api
 
     def collect(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily("dedup_proxy_requests", REQUESTS_HELP, labels=["api"])
-        frame_bytes = CounterMetricFamily(
-            "dedup_proxy_bytes", BYTES_HELP, labels=["api", "direction"]
-        )
-        seconds = HistogramMetricFamily("dedup_proxy_request_seconds", SECONDS_HELP, labels=["api"])
+        requests, frame_bytes, seconds = _families()
         for api in list(self._by_api.values()):
             requests.add_metric([api.name], api.requests, created=api.created)
             frame_bytes.add_metric([api.name, "request"], api.bytes_in, created=api.created)
@@ -134,9 +130,16 @@ class ApiCollector(Collector):
         yield seconds
 
     def describe(self) -> Iterator[Metric]:
-        yield CounterMetricFamily("dedup_proxy_requests", REQUESTS_HELP, labels=["api"])
-        yield CounterMetricFamily("dedup_proxy_bytes", BYTES_HELP, labels=["api", "direction"])
-        yield HistogramMetricFamily("dedup_proxy_request_seconds", SECONDS_HELP, labels=["api"])
+        yield from _families()
+
+
+def _families() -> tuple[CounterMetricFamily, CounterMetricFamily, HistogramMetricFamily]:
+    """The three families, empty: requests, frame bytes, seconds."""
+    return (
+        CounterMetricFamily("dedup_proxy_requests", REQUESTS_HELP, labels=["api"]),
+        CounterMetricFamily("dedup_proxy_bytes", BYTES_HELP, labels=["api", "direction"]),
+        HistogramMetricFamily("dedup_proxy_request_seconds", SECONDS_HELP, labels=["api"]),
+    )
 
 
 # The `le` label of each bucket as prometheus_client writes these bounds (its
