@@ -39,6 +39,18 @@ def listeners(proxy: ProxyProcess) -> set[int]:
     return {int(node) for node in health.get("broker_listeners", {})}
 
 
+def ownership_story(proxies: list[ProxyProcess], lines: int = 12) -> str:
+    """Each proxy's last log lines about leases and handoffs: what a failed wait on
+    ownership shows (pytest keeps few temporary directories, so the logs go with it)."""
+    words = ("lease", "hand", "fence", "recover", "owner", "leader", "error")
+    story = []
+    for proxy in proxies:
+        log = proxy.log_path.read_text(errors="replace") if proxy.log_path else ""
+        relevant = [line for line in log.splitlines() if any(w in line for w in words)]
+        story.append(f"--- {proxy.log_path}\n" + "\n".join(relevant[-lines:]))
+    return "\n".join(story)
+
+
 def replicated_topic(info: EnvInfo) -> tuple[str, int]:
     """A topic with replication factor 3, and its partition's leader."""
     topic = new_topic(info.bootstrap, replication_factor=3)  # returns once it has a leader
@@ -119,8 +131,9 @@ def test_sidecar_placement_ownership_follows_the_leader_it_is_killed_exactly_onc
     three_brokers: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
 ) -> None:
     """A sidecar beside each broker owns the partitions its broker leads. The leader dies
-    under load: its sidecar hands the partition over to the new leader's, writes go on,
-    every record once, in order."""
+    under load: its sidecar hands the partition over, writes go on, and the new leader's
+    sidecar takes the partition at its first request after that; every record once, in
+    order."""
     environment, info = three_brokers
     topic, leader = replicated_topic(info)
     prefix = f"sidecar-{uuid.uuid4().hex[:8]}"
@@ -158,9 +171,11 @@ def test_sidecar_placement_ownership_follows_the_leader_it_is_killed_exactly_onc
             30,
             "every sidecar sees the three",
         )
-        total = 6000
+        # Paced to outlast the failover: some 6 s of load left when the broker dies.
+        total = 8000
         other = (leader + 1) % 3  # the producer bootstraps from a sidecar that is not the owner
-        load = SequencedProducer(sidecars[other].bootstrap, topic, "p-sidecar", total).start()
+        bootstrap = sidecars[other].bootstrap
+        load = SequencedProducer(bootstrap, topic, "p-sidecar", total, per_second=1000).start()
         load.wait_delivered(total // 4)
         assert holders() == [leader], "the leader's sidecar owns the partition"
         environment.kill_broker(leader)
@@ -172,10 +187,29 @@ def test_sidecar_placement_ownership_follows_the_leader_it_is_killed_exactly_onc
 
         wait_until(lambda: current_leader() not in (leader, -1), 60, "a new leader")
         new_leader = current_leader()
-        wait_until(lambda: holders() == [new_leader], 30, "the new leader's sidecar owns it")
-        environment.start_broker(leader)
+        wait_until(
+            lambda: leader not in holders(),
+            30,
+            lambda: (
+                f"the dead leader's sidecar hands it over; held by {holders()}\n"
+                + ownership_story(sidecars)
+            ),
+        )
         load.join()
-        assert_exactly_once_in_order(values(info.bootstrap, topic), total)
+        # Ownership is taken at first use: the load may have ended before the handoff, so a
+        # few more records make sure a request reaches the partition after it.
+        more = total + 200
+        SequencedProducer(bootstrap, topic, "p-sidecar", more, start=total).start().join()
+        wait_until(
+            lambda: holders() == [new_leader],
+            30,
+            lambda: (
+                f"the new leader's sidecar ({new_leader}) owns it; held by {holders()}\n"
+                + ownership_story(sidecars)
+            ),
+        )
+        environment.start_broker(leader)
+        assert_exactly_once_in_order(values(info.bootstrap, topic), more)
     finally:
         for sidecar in sidecars:
             assert sidecar.stop() == 0
