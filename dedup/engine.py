@@ -559,12 +559,13 @@ class DedupEngine:
                     producers=list(verdict.evicted),
                 )
             if verdict.gap:
-                # Kafka's answer to a sequence gap, in kind: not written, retry. The chunk
-                # before may be in a request refused while the partition recovered, or be
+                # Kafka's answer to a sequence gap, in kind: not written, retry. What comes
+                # before (a chunk, or an implicit identity's earlier sequences) may be in a
+                # request refused while the partition recovered or a write failed, or be
                 # retried right now; the client re-sends both, in order.
                 metrics.RECORDS.labels("unknown").inc(len(item.identified))
                 self._refuse(
-                    item, _not_written(f"{verdict.bad}; the chunk before is still to come")
+                    item, _not_written(f"{verdict.bad}; retry once what comes before is written")
                 )
                 continue
             if verdict.bad is not None:

@@ -1050,6 +1050,46 @@ async def test_a_refusal_refuses_neither_other_partitions_nor_requests_sent_afte
         assert retry[P0] == PartitionAnswer(base_offset=1), "admitted after the answer went out"
 
 
+def kafka_batch(base_sequence: int, count: int, producer_id: int = 40) -> bytes:
+    """A Kafka idempotent producer's batch: implicit identities (producer id, epoch 1)."""
+    return build_batch(
+        [IncomingRecord(i, NOW_MS, None, b"k%d" % i, (), None) for i in range(count)],
+        compression=0,
+        timestamp_type=0,
+        producer_id=producer_id,
+        producer_epoch=1,
+        base_sequence=base_sequence,
+        add_identity_headers=False,
+    )
+
+
+# The check in Redis keeps the same rule (check.lua); this rig fakes that check in a few
+# lines without it, and tests/integration/test_check_in_memory.py holds the two to one answer.
+@pytest.mark.memory_check
+async def test_an_implicit_request_sent_behind_a_refused_one_waits_for_its_retry() -> None:
+    """What explicit identities cannot have (the README's "A retry answer and a request
+    that arrives after it was decided"): a Kafka idempotent producer's request that reaches
+    the proxy after an earlier one of the producer was refused would be written ahead of
+    that one's retry, which would then read as old duplicates. Kafka's producers number
+    their records without holes, so the hole tells: refused, retriable, as Kafka's
+    OUT_OF_ORDER_SEQUENCE_NUMBER would, and both retries are written, in order."""
+    producer = "kafka-pid-40-1"
+    async with running() as rig:
+        await rig.send((P0, kafka_batch(0, 2)))
+        await rig.settle()
+        rig.writer.script.append(Step(outcome="failed"))
+        first = await rig.send((P0, kafka_batch(2, 2)))
+        assert retriable_not_written(first[P0])
+        second = await rig.send((P0, kafka_batch(4, 2)))  # sent before `first` was read
+        assert retriable_not_written(second[P0])
+        assert second[P0].error_message is not None
+        assert "does not follow its last accepted sequence 1" in second[P0].error_message
+        assert rig.writer.log[P0] == in_order(producer, [0, 1])
+        assert (await rig.send((P0, kafka_batch(2, 2))))[P0] == PartitionAnswer(base_offset=2)
+        assert (await rig.send((P0, kafka_batch(4, 2))))[P0] == PartitionAnswer(base_offset=4)
+        assert rig.writer.log[P0] == in_order(producer, range(6))
+
+
 async def test_a_fence_error_from_the_writer_leaves_the_partition_accepting_the_retry() -> None:
     """Before: the error escaped the engine with pushed raised and nothing in flight; no
     reset followed, so the retry read as UNKNOWN and was refused forever."""
