@@ -500,7 +500,16 @@ class DedupEngine:
             if item.answer is None and self._local is not None:
                 self._lease_holds(item)
             if item.answer is None:
-                self._state_of(item).pending += 1
+                state = self._state_of(item)
+                # Kafka's sequence-gap rule (`dedup.sequence_gaps`), in line: a request of
+                # an idempotent producer that skips ahead waits for the one before it.
+                gap = state.gaps.gap(item.batches)
+                if gap is not None:
+                    metrics.SEQUENCE_GAPS.inc()
+                    self._refuse(item, _not_written(gap))
+                    continue
+                state.gaps.accepted(item.batches)
+                state.pending += 1
                 item.checked = True
         # Each identity list walks every record of the partition: build it once.
         pairs = [(w, check) for w in to_check if w.checked and (check := w.check()) is not None]
@@ -543,6 +552,7 @@ class DedupEngine:
                 item.answer = _not_written(
                     "an earlier request to this partition was not written; retry in order"
                 )
+                self._not_sequenced(item, item.answer.error_code)
                 continue
             if verdict.lost:
                 self._recoveries.state_lost(item.topic, item.partition, item.token)
@@ -559,13 +569,12 @@ class DedupEngine:
                     producers=list(verdict.evicted),
                 )
             if verdict.gap:
-                # Kafka's answer to a sequence gap, in kind: not written, retry. What comes
-                # before (a chunk, or an implicit identity's earlier sequences) may be in a
-                # request refused while the partition recovered or a write failed, or be
+                # Kafka's answer to a sequence gap, in kind: not written, retry. The chunk
+                # before may be in a request refused while the partition recovered, or be
                 # retried right now; the client re-sends both, in order.
                 metrics.RECORDS.labels("unknown").inc(len(item.identified))
                 self._refuse(
-                    item, _not_written(f"{verdict.bad}; retry once what comes before is written")
+                    item, _not_written(f"{verdict.bad}; the chunk before is still to come")
                 )
                 continue
             if verdict.bad is not None:
@@ -630,6 +639,7 @@ class DedupEngine:
                 item.answer = _not_written(
                     "an earlier request to this partition was not written; retry in order"
                 )
+                self._not_sequenced(item, item.answer.error_code)
                 return
             if await self._elsewhere(item):
                 return
@@ -759,8 +769,11 @@ class DedupEngine:
         batch of the partition takes a sequence."""
 
         def settled(result: WriteResult) -> None:
-            if not result.written and retriable(result.error_code) and not item.behind:
-                self._refuse_behind(item)
+            if not result.written:
+                # Now, before a request of its producer that follows is checked.
+                self._not_sequenced(item, result.error_code)
+                if retriable(result.error_code) and not item.behind:
+                    self._refuse_behind(item)
 
         return settled
 
@@ -800,10 +813,12 @@ class DedupEngine:
         for item in work:
             if item.answer is None:
                 self._abandon(item)
-            elif item.mode is not Mode.DISABLED and retriable(item.answer.error_code):
-                # Again now: requests admitted since it was refused were sent before its
-                # answer too.
-                self._refuse_behind(item)
+            elif item.answer.error_code:  # every way to "not written" ends here too
+                self._not_sequenced(item, item.answer.error_code)
+                if item.mode is not Mode.DISABLED and retriable(item.answer.error_code):
+                    # Again now: requests admitted since it was refused were sent before
+                    # its answer too.
+                    self._refuse_behind(item)
             if not item.checked:
                 continue
             state = self._state_of(item)
@@ -829,8 +844,22 @@ class DedupEngine:
     def _refuse(self, item: _Work, answer: PartitionAnswer) -> None:
         """Answer not written; when the client retries that, nothing behind may overtake."""
         item.answer = answer
+        self._not_sequenced(item, answer.error_code)
         if retriable(answer.error_code) and not item.behind:
             self._refuse_behind(item)
+
+    def _not_sequenced(self, item: _Work, error_code: int) -> None:
+        """Not written (`dedup.sequence_gaps`), called as soon as that is decided. Answered
+        retry, its producer must send this partition batch again before anything after it.
+        Refused for good, it is never sent again: what follows it is no gap (Kafka's Java
+        producer takes a new epoch then; others go on after it)."""
+        if item.mode is Mode.DISABLED:
+            return
+        gaps = self._state_of(item).gaps
+        if retriable(error_code):
+            gaps.refused(item.batches)
+        else:
+            gaps.accepted(item.batches)
 
     def _refuse_behind(self, item: _Work) -> None:
         """Refuse every request admitted on the partition so far that is not yet written:

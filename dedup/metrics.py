@@ -20,6 +20,11 @@ CHECKED_REQUESTS = Counter(
     "dedup_checked_requests_total",
     "Produce requests checked (check_state redis: in dedup_check_round_trips_total round trips)",
 )
+SEQUENCE_GAPS = Counter(
+    "dedup_sequence_gaps_total",
+    "Partition batches of Kafka idempotent producers refused (retriable) for skipping ahead: "
+    "an earlier request of the producer was refused and is still to come",
+)
 BAD_INPUT = Counter(
     "dedup_bad_input_total", "Partition batches refused for bad input, by error", ["error"]
 )

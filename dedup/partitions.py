@@ -8,6 +8,7 @@
 - The sequence maps themselves, when the owner keeps them (``check_state = "memory"``,
   `dedup.sequences`): loaded by the recovery, checked and updated by the engine.
 - The acknowledgement cursor (`AckCursor`): the offset a snapshot may claim to cover.
+- The sequence each Kafka idempotent producer must send next (`dedup.sequence_gaps`).
 - Snapshot bookkeeping for `dedup.snapshotter`.
 """
 
@@ -17,6 +18,8 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from dedup.sequence_gaps import SequenceGaps
 
 if TYPE_CHECKING:
     from dedup.sequences import PartitionSequences
@@ -87,6 +90,8 @@ class PartitionState:
     token: str = ""  # proves Redis holds the state this process recovered
     sequences: PartitionSequences | None = None  # the maps, when kept in memory
     cursor: AckCursor = field(default_factory=lambda: AckCursor(0))
+    # Kafka's sequence-gap rule for its idempotent producers, since this owner took it.
+    gaps: SequenceGaps = field(default_factory=SequenceGaps)
 
     snapshot_generation: int = 0  # of the next snapshot
     snapshot_offset: int | None = None  # of the latest snapshot known (taken or recovered)

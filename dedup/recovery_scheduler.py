@@ -132,6 +132,7 @@ class RecoveryScheduler:
         state.recovered = False
         state.token = ""
         state.sequences = None
+        state.gaps.forget()  # what its producers send elsewhere meanwhile is not seen here
         state.open.set()
 
     async def ensure_recovered(self, partitions: Sequence[Key], timeout_s: float) -> bool:

@@ -28,11 +28,9 @@ at or below ``pushed[p]`` as it was when    UNKNOWN    an earlier write of it is
 the batch started                                      failed: the partition batch is refused
 ==========================================  =========  =======================================
 
-A batch with an UNKNOWN record, or one that breaks the chunk rule (`dedup.chunks`),
-``max_sequence_jump`` or, for an implicit identity (a Kafka idempotent producer's), Kafka's
-own rule that its sequences have no holes (`_skips_implicit`), changes nothing. Everything
-here is synchronous: a check runs in the request's place in line, between two awaits, so no
-other request's check interleaves.
+A batch with an UNKNOWN record, or one that breaks the chunk rule (`dedup.chunks`) or
+``max_sequence_jump``, changes nothing. Everything here is synchronous: a check runs in the
+request's place in line, between two awaits, so no other request's check interleaves.
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from dedup.batches import IMPLICIT_PRODUCER_PREFIX, IMPLICIT_SEQUENCE_MODULUS
 from dedup.chunks import (
     LAST,
     ChunkError,
@@ -407,8 +404,6 @@ class _Batch:
         position = (sequence, LAST if meta is None or meta.last else meta.chunk_id)
         size_so_far: int | None = None
         if _above(position, _at(pushed, chunk)):
-            if meta is None and _skips_implicit(producer, sequence, pushed):
-                return _broken(n, _implicit_gap(producer, sequence, pushed), gap=True)
             if self._max_jump and pushed is not None and sequence - pushed > self._max_jump:
                 return _broken(
                     n,
@@ -443,30 +438,6 @@ class _Batch:
         if self._chunked:
             self.sizes.append(size_so_far)
         return None
-
-
-def _skips_implicit(producer: str, sequence: int, pushed: int | None) -> bool:
-    """A record of an implicit identity (a Kafka idempotent producer's id and epoch) whose
-    sequence is not the next after the producer's pushed one. Kafka numbers those records
-    without holes, so a hole means a request of the producer that came before this one is
-    still to come: one refused (retriable) and not yet re-sent, while this one, sent before
-    the client read that answer, arrived after it. Accepted, this one would make the re-sent
-    records read as old duplicates; Kafka answers it OUT_OF_ORDER_SEQUENCE_NUMBER, and it is
-    refused here, retriable, alike. Only within the implicit range (0 .. 2^31-1), where
-    check.lua compares alike, exactly."""
-    return (
-        pushed is not None
-        and pushed >= 0
-        and pushed + 1 < sequence < IMPLICIT_SEQUENCE_MODULUS
-        and producer.startswith(IMPLICIT_PRODUCER_PREFIX)
-    )
-
-
-def _implicit_gap(producer: str, sequence: int, pushed: int | None) -> str:
-    return (
-        f"sequence {sequence} of {producer} does not follow its last accepted sequence "
-        f"{pushed}: a request of this producer sent before it is still to come"
-    )
 
 
 def _broken(n: int, why: str, *, gap: bool = False, jump: bool = False) -> PartitionVerdict:

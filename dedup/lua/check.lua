@@ -30,10 +30,7 @@
 -- { "jump", record number, message } alike when a record is more than max_jump above its
 -- producer's pushed[p] (a known producer only: a new one may start anywhere), or
 -- { "gap", ... } alike when the chunk skips ahead: an earlier chunk may still be on its way
--- (a pipelined request refused while the partition recovered, or being retried), or when a
--- record of an implicit identity (a producer named IMPLICIT .. "<id>-<epoch>": a Kafka
--- idempotent producer, whose sequences have no holes) is not the next after pushed[p]
--- (dedup/sequences.py `_skips_implicit`, whose message this is word for word).
+-- (a pipelined request refused while the partition recovered, or being retried).
 --
 -- The check is on positions (sequence, chunk id), not on sequences: pushed[p] and
 -- persisted[p] stay at the last COMPLETE sequence, and a message in progress sits beside
@@ -59,25 +56,6 @@ local EXPAND = { 'expand' }
 
 local function where(c, u, s)
     return 'chunk ' .. c .. ' of message ' .. u .. ' (sequence ' .. s .. ')'
-end
-
--- small(s): |s| < 10^15 < 2^53, so a Lua number holds it, and its neighbours, exactly.
-local function small(s)
-    return #s <= (s:byte(1) == 45 and 16 or 15)
-end
-
--- IMPLICIT: the name prefix of implicit identities (dedup/batches.py IMPLICIT_PRODUCER_PREFIX).
-local IMPLICIT = 'kafka-pid-'
-local IMPLICIT_MODULUS = 2147483648 -- 2^31: their sequences wrap there
-
--- skips_implicit(p, s, top): whether record s of an implicit identity is not the next after
--- top, its pushed[p], within the implicit range (0 .. 2^31-1, where Lua numbers are exact).
-local function skips_implicit(p, s, top)
-    if not top or p:sub(1, #IMPLICIT) ~= IMPLICIT or not (small(s) and small(top)) then
-        return false
-    end
-    local a, b = tonumber(s), tonumber(top)
-    return b >= 0 and b + 1 < a and a < IMPLICIT_MODULUS
 end
 
 -- meet(p): reads the producer's state at its first record of the batch.
@@ -124,11 +102,6 @@ local function record(n, p, s, i)
     end
     local status, size_out = nil, ''
     if pos_cmp(s, c, pushed[p], chunk[p]) > 0 then
-        if c_text == '' and skips_implicit(p, s, pushed[p]) then
-            return { 'gap', n, 'sequence ' .. s .. ' of ' .. p .. ' does not follow its last'
-                .. ' accepted sequence ' .. pushed[p] .. ': a request of this producer sent'
-                .. ' before it is still to come' }
-        end
         if max_jump > 0 and pushed[p] and tonumber(s) - tonumber(pushed[p]) > max_jump then
             -- Lua numbers: exact below 2^53, within a few thousand beyond (a coarse bound).
             return { 'jump', n, 'sequence ' .. s .. ' is more than ' .. ARGV[3]
@@ -189,6 +162,11 @@ local function record(n, p, s, i)
         sizes[#sizes + 1] = size_out
     end
     return nil
+end
+
+-- small(s): |s| < 10^15 < 2^53, so a Lua number holds it, and its neighbours, exactly.
+local function small(s)
+    return #s <= (s:byte(1) == 45 and 16 or 15)
 end
 
 -- overlap_status(p, first, last): the one status every record of a run gets when its

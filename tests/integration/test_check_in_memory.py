@@ -39,8 +39,7 @@ pytestmark = pytest.mark.integration
 REDIS_DB = 10
 MAX_PRODUCERS = 3
 JUMP = 6
-# The last, an implicit identity (dedup.batches.implicit_producer): its sequences may not skip.
-PRODUCERS = ("a", "b", "c", "d", "kafka-pid-1-0")
+PRODUCERS = ("a", "b", "c", "d", "e")
 
 chunk_metas = st.builds(
     lambda uuid_text, count, chunk_id, total: ChunkMeta(uuid_text, chunk_id % count, count, total),

@@ -1050,28 +1050,49 @@ async def test_a_refusal_refuses_neither_other_partitions_nor_requests_sent_afte
         assert retry[P0] == PartitionAnswer(base_offset=1), "admitted after the answer went out"
 
 
-def kafka_batch(base_sequence: int, count: int, producer_id: int = 40) -> bytes:
-    """A Kafka idempotent producer's batch: implicit identities (producer id, epoch 1)."""
+def kafka_batch(
+    base_sequence: int,
+    count: int,
+    producer_id: int = 40,
+    explicit: str | None = None,
+    epoch: int = 1,
+) -> bytes:
+    """A Kafka idempotent producer's batch (producer id, epoch, base sequence): implicit
+    identities, or with `explicit` the records name that producer in headers, sequence
+    = Kafka's sequence + 1000 (the identity the proxy reads is then the header's)."""
+    batch = [
+        IncomingRecord(
+            i,
+            NOW_MS,
+            None,
+            b"k%d" % (base_sequence + i),
+            ()
+            if explicit is None
+            else (
+                (HEADER_PRODUCER, explicit.encode()),
+                (HEADER_SEQUENCE, str(1000 + base_sequence + i).encode()),
+            ),
+            None if explicit is None else Identity(explicit, 1000 + base_sequence + i),
+        )
+        for i in range(count)
+    ]
     return build_batch(
-        [IncomingRecord(i, NOW_MS, None, b"k%d" % i, (), None) for i in range(count)],
+        batch,
         compression=0,
         timestamp_type=0,
         producer_id=producer_id,
-        producer_epoch=1,
+        producer_epoch=epoch,
         base_sequence=base_sequence,
         add_identity_headers=False,
     )
 
 
-# The check in Redis keeps the same rule (check.lua); this rig fakes that check in a few
-# lines without it, and tests/integration/test_check_in_memory.py holds the two to one answer.
-@pytest.mark.memory_check
-async def test_an_implicit_request_sent_behind_a_refused_one_waits_for_its_retry() -> None:
-    """What explicit identities cannot have (the README's "A retry answer and a request
-    that arrives after it was decided"): a Kafka idempotent producer's request that reaches
-    the proxy after an earlier one of the producer was refused would be written ahead of
-    that one's retry, which would then read as old duplicates. Kafka's producers number
-    their records without holes, so the hole tells: refused, retriable, as Kafka's
+async def test_a_kafka_producers_request_sent_behind_a_refused_one_waits_for_its_retry() -> None:
+    """What the proxy's ordering cannot see otherwise (the README's "A retry answer and a
+    request that arrives after it was decided"): a Kafka idempotent producer's request that
+    reaches the proxy after an earlier one of the producer was refused would be written
+    ahead of that one's retry, which would then read as old duplicates. Kafka's producers
+    number their batches without holes, so the hole tells: refused, retriable, as Kafka's
     OUT_OF_ORDER_SEQUENCE_NUMBER would, and both retries are written, in order."""
     producer = "kafka-pid-40-1"
     async with running() as rig:
@@ -1082,12 +1103,67 @@ async def test_an_implicit_request_sent_behind_a_refused_one_waits_for_its_retry
         assert retriable_not_written(first[P0])
         second = await rig.send((P0, kafka_batch(4, 2)))  # sent before `first` was read
         assert retriable_not_written(second[P0])
-        assert second[P0].error_message is not None
-        assert "does not follow its last accepted sequence 1" in second[P0].error_message
+        assert second[P0].error_message == (
+            "not written: sequence 4 of Kafka producer 40 (epoch 1) skips ahead of 2: "
+            "a request it sent before this one is still to come"
+        )
         assert rig.writer.log[P0] == in_order(producer, [0, 1])
         assert (await rig.send((P0, kafka_batch(2, 2))))[P0] == PartitionAnswer(base_offset=2)
         assert (await rig.send((P0, kafka_batch(4, 2))))[P0] == PartitionAnswer(base_offset=4)
         assert rig.writer.log[P0] == in_order(producer, range(6))
+
+
+async def test_the_gap_rule_holds_for_explicit_identities_and_a_first_request() -> None:
+    """The rule follows Kafka's numbering of the batches, not the identities read from
+    them: a Kafka producer that sends explicit identities (`dedup.client.DedupProducer`) is
+    held to it too, and so is one whose very first request was refused."""
+    async with running() as rig:
+        rig.writer.script.append(Step(outcome="failed"))
+        first = await rig.send((P0, kafka_batch(0, 2, explicit="app")))
+        assert retriable_not_written(first[P0])
+        second = await rig.send((P0, kafka_batch(2, 2, explicit="app")))
+        assert retriable_not_written(second[P0]) and "skips ahead of 0" in str(
+            second[P0].error_message
+        )
+        assert rig.writer.log[P0] == []
+        assert (await rig.send((P0, kafka_batch(0, 2, explicit="app"))))[P0].error_code == 0
+        assert (await rig.send((P0, kafka_batch(2, 2, explicit="app"))))[P0].error_code == 0
+        assert rig.writer.log[P0] == in_order("app", range(1000, 1004))
+
+
+async def test_a_batch_refused_for_good_leaves_no_gap_behind_it() -> None:
+    """Refused for good (here Kafka's MESSAGE_TOO_LARGE), a batch is never sent again, so
+    the producer's next batch is no gap; answered retry, it would be."""
+    async with running() as rig:
+        rig.writer.script.append(Step(outcome="failed", code=ErrorCode.message_too_large))
+        refused = await rig.send((P0, kafka_batch(0, 2)))
+        assert refused[P0].error_code == ErrorCode.message_too_large
+        assert (await rig.send((P0, kafka_batch(2, 2))))[P0].error_code == 0
+        assert rig.writer.log[P0] == in_order("kafka-pid-40-1", [2, 3])
+
+
+async def test_a_kafka_producer_mixing_identities_is_never_refused_for_a_gap() -> None:
+    """Kafka's sequence runs through every batch of the producer, whichever identity each
+    record carries: batches with identity headers between implicit ones leave no hole."""
+    async with running() as rig:
+        for base, explicit in ((0, None), (2, "app"), (4, None), (6, "app"), (8, None)):
+            answer = await rig.send((P0, kafka_batch(base, 2, explicit=explicit)))
+            assert answer[P0].error_code == 0, (base, answer[P0])
+        assert [p for p, _ in rig.writer.log[P0]] == ["kafka-pid-40-1"] * 2 + ["app"] * 2 + [
+            "kafka-pid-40-1"
+        ] * 2 + ["app"] * 2 + ["kafka-pid-40-1"] * 2
+
+
+async def test_the_gap_rule_knows_only_what_this_owner_saw_of_a_producer() -> None:
+    """A producer met for the first time may start anywhere, as with Kafka; a new epoch is
+    a new producer; after a handoff or loss (`forget`), producers are met anew."""
+    async with running() as rig:
+        assert (await rig.send((P0, kafka_batch(500, 2))))[P0].error_code == 0
+        assert retriable_not_written((await rig.send((P0, kafka_batch(510, 2))))[P0])
+        assert (await rig.send((P0, kafka_batch(9, 2, epoch=2))))[P0].error_code == 0
+        rig.scheduler.forget(P0)  # the lease lost or handed over, then taken again
+        await rig.settle()
+        assert (await rig.send((P0, kafka_batch(510, 2))))[P0].error_code == 0
 
 
 async def test_a_fence_error_from_the_writer_leaves_the_partition_accepting_the_retry() -> None:

@@ -131,55 +131,6 @@ def test_a_known_producer_jumping_over_the_bound_is_refused_a_new_one_starts_any
     assert table.check(batch(("b", 1_000_000), ("a", 15)), 300).statuses == (NEW, NEW)
 
 
-IMPLICIT = "kafka-pid-7-0"  # as dedup.batches.implicit_producer names a Kafka producer
-
-
-def test_an_implicit_identity_that_skips_a_sequence_is_a_gap_and_changes_nothing() -> None:
-    """Kafka's idempotent producers number records without holes: a hole means an earlier
-    request is still to come (refused, and re-sent after this one was sent)."""
-    table = PartitionSequences.recovered(TOKEN, {IMPLICIT: (15, 100), "a": (15, 100)})
-    before = table.producers()
-    verdict = table.check(run(IMPLICIT, 32, 47), 200)
-    assert (verdict.gap, verdict.jump, verdict.bad_index, verdict.statuses) == (True, False, 0, ())
-    assert verdict.bad == (
-        f"sequence 32 of {IMPLICIT} does not follow its last accepted sequence 15: "
-        "a request of this producer sent before it is still to come"
-    )
-    assert table.producers() == before
-    # The earlier request, then this one: both accepted, in order.
-    assert table.check(run(IMPLICIT, 16, 31), 300).statuses == (NEW,) * 16
-    assert table.check(run(IMPLICIT, 32, 47), 400).statuses == (NEW,) * 16
-    # Explicit identities may have holes.
-    assert table.check(run("a", 32, 47), 500).statuses == (NEW,) * 16
-
-
-def test_the_implicit_gap_rule_spares_new_producers_retries_and_the_wrap() -> None:
-    table = PartitionSequences(TOKEN)
-    # Unknown (new, evicted, or only ever refused): it may start anywhere, as with Kafka.
-    assert table.check(run(IMPLICIT, 500, 510), 100).statuses == (NEW,) * 11
-    table.persisted({IMPLICIT: 510}, 110)
-    # A retry overlapping what was written: duplicates, then the next ones in a row.
-    assert table.check(run(IMPLICIT, 505, 520), 200).statuses == (DUP,) * 6 + (NEW,) * 10
-    # A record-by-record batch is held to it too, at the record that skips.
-    verdict = table.check(batch((IMPLICIT, 521), (IMPLICIT, 523)), 300)
-    assert (verdict.gap, verdict.bad_index) == (True, 1)
-    # Past the wrap at 2^31 it reads as old, as it did (a known limit), not as a gap.
-    wrapped = PartitionSequences.recovered(TOKEN, {IMPLICIT: ((1 << 31) - 1, 100)})
-    assert wrapped.check(run(IMPLICIT, 0, 3), 200).statuses == (DUP,) * 4
-
-
-def test_after_a_failed_write_an_implicit_request_sent_behind_it_waits_for_its_retry() -> None:
-    """The hole the rule closes: R1 is refused after its write failed (pushed reset to
-    persisted); R2, sent before the client read that, arrives afterwards."""
-    table = PartitionSequences.recovered(TOKEN, {IMPLICIT: (15, 100)})
-    assert table.check(run(IMPLICIT, 16, 31), 200).statuses == (NEW,) * 16  # R1
-    table.reset()  # R1's write failed: pushed := persisted (15)
-    assert table.check(run(IMPLICIT, 32, 47), 300).gap  # R2 refused, retriable
-    assert table.check(run(IMPLICIT, 16, 31), 400).statuses == (NEW,) * 16  # R1 again
-    table.persisted({IMPLICIT: 31}, 410)
-    assert table.check(run(IMPLICIT, 32, 47), 500).statuses == (NEW,) * 16  # R2 again
-
-
 # --------------------------------------------------------------------------- eviction
 
 

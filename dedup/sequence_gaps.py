@@ -1,0 +1,105 @@
+"""Kafka's sequence-gap rule, for the clients that keep it: Kafka's idempotent producers.
+
+A Kafka idempotent producer (a producer id and epoch in its record batches: Kafka's Java
+client since 3.0 by default, librdkafka with ``enable.idempotence``, `dedup.client`) numbers
+the batches it sends to a partition without holes, whatever identities the proxy reads from
+their records (implicit, explicit headers, or both). Kafka's broker refuses a batch that
+skips ahead (``OUT_OF_ORDER_SEQUENCE_NUMBER``): an earlier batch is still to come.
+
+The proxy needs that rule for the one hazard its ordering cannot see otherwise
+(docs/design.md, "Ordering"): a request answered "retry" refuses the requests admitted
+behind it, but a request of the same producer that arrives after that answer was decided,
+sent before its client read it, would be written ahead of the retry, whose records would
+then read as old duplicates and be dropped. Such a request skips ahead of what this owner
+accepted or refused of its producer, so it is refused too, retriable.
+
+Per partition, per Kafka producer (id, epoch): the sequence its next batch must start at,
+as this owner has seen the partition since it took it (`forget` at a handoff or loss: what
+another instance accepted meanwhile is unknown here). A batch is taken as accepted when its
+check is queued; the expectation goes back to its first sequence when it is answered
+"retry" (the client sends it again), and passes over it when it is refused for good (the
+client never does). A producer not known may start anywhere, as with Kafka.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dedup.batches import IncomingBatch
+
+SEQUENCE_MODULUS = 1 << 31  # Kafka's sequences wrap there
+_AHEAD = 1 << 30  # a distance below this, modulo the wrap, is "ahead"; above, "behind"
+DEFAULT_MAX_PRODUCERS = 10_000  # per partition; the least recently seen go beyond it
+
+_Producer = tuple[int, int]  # Kafka's producer id and epoch
+
+
+def _ahead(sequence: int, of: int) -> bool:
+    """Whether `sequence` comes after `of`, with wrap-around (Kafka's numbering)."""
+    return 0 < (sequence - of) % SEQUENCE_MODULUS < _AHEAD
+
+
+def _sequenced(batches: Iterable[IncomingBatch]) -> Iterable[tuple[_Producer, int, int]]:
+    """(producer, first sequence, records) of each batch of an idempotent producer."""
+    for batch in batches:
+        idempotent = batch.producer_id >= 0 and batch.producer_epoch >= 0
+        if idempotent and batch.base_sequence >= 0 and not (batch.transactional or batch.control):
+            producer = (batch.producer_id, batch.producer_epoch)
+            yield producer, batch.base_sequence, len(batch.records)
+
+
+class SequenceGaps:
+    """The next sequence each Kafka producer must send to one partition."""
+
+    def __init__(self, max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
+        if max_producers < 1:
+            raise ValueError(f"max_producers must be at least 1: {max_producers}")
+        self._max = max_producers
+        self._next: OrderedDict[_Producer, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._next)
+
+    def gap(self, batches: Iterable[IncomingBatch]) -> str | None:
+        """Why this partition batch skips ahead of its producer's next sequence; None if it
+        does not (or its producer is not known here, or not idempotent)."""
+        expected: dict[_Producer, int] = {}
+        for producer, first, count in _sequenced(batches):
+            following = expected.get(producer, self._next.get(producer))
+            if following is not None and _ahead(first, following):
+                producer_id, epoch = producer
+                return (
+                    f"sequence {first} of Kafka producer {producer_id} (epoch {epoch}) skips "
+                    f"ahead of {following}: a request it sent before this one is still to come"
+                )
+            expected[producer] = (first + count) % SEQUENCE_MODULUS
+        return None
+
+    def accepted(self, batches: Iterable[IncomingBatch]) -> None:
+        """The batches go on to the check: their producers' next sequence follows them
+        (never moving back: a retry of what was accepted already is no gap)."""
+        for producer, first, count in _sequenced(batches):
+            self._move(producer, (first + count) % SEQUENCE_MODULUS, on=True)
+
+    def refused(self, batches: Iterable[IncomingBatch]) -> None:
+        """The batches were not written: their producers must send them again before
+        anything after them (a producer not known yet is known from here on)."""
+        for producer, first, _ in _sequenced(batches):
+            self._move(producer, first, on=False)
+
+    def _move(self, producer: _Producer, sequence: int, *, on: bool) -> None:
+        """The producer's next sequence to `sequence` if that moves it on (`on`) or back;
+        the least recently seen producer goes beyond the bound."""
+        known = self._next.get(producer)
+        if known is None or (_ahead(sequence, known) if on else _ahead(known, sequence)):
+            self._next[producer] = sequence
+        self._next.move_to_end(producer)
+        if len(self._next) > self._max:
+            self._next.popitem(last=False)
+
+    def forget(self) -> None:
+        """The partition changed hands: what its producers sent meanwhile is not known."""
+        self._next.clear()

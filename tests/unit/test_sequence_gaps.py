@@ -1,0 +1,130 @@
+"""Kafka's sequence-gap rule per partition (`dedup.sequence_gaps.SequenceGaps`), by example
+and under hypothesis: what skips ahead, what is a retry, the wrap at 2^31, producers not
+known, the bound on how many are kept, and batches the rule leaves alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dedup.sequence_gaps import SEQUENCE_MODULUS, SequenceGaps
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class Batch:
+    """The fields of `dedup.batches.IncomingBatch` the rule reads."""
+
+    base_sequence: int
+    count: int
+    producer_id: int = 7
+    producer_epoch: int = 0
+    transactional: bool = False
+    control: bool = False
+    records: list[None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.records = [None] * self.count
+
+
+def batch(base: int, count: int = 4, **fields: Any) -> list[Any]:
+    return [Batch(base, count, **fields)]
+
+
+def test_the_next_batch_follows_the_last_accepted_one_and_a_skip_is_a_gap() -> None:
+    gaps = SequenceGaps()
+    assert gaps.gap(batch(0)) is None  # not known: may start anywhere
+    gaps.accepted(batch(0))
+    assert gaps.gap(batch(4)) is None
+    assert gaps.gap(batch(8)) == (
+        "sequence 8 of Kafka producer 7 (epoch 0) skips ahead of 4: "
+        "a request it sent before this one is still to come"
+    )
+    # Retries of what was accepted, whole or in part, are no gap (the check sorts them).
+    assert gaps.gap(batch(0)) is None and gaps.gap(batch(2)) is None
+
+
+def test_a_refused_batch_must_come_again_before_anything_after_it() -> None:
+    gaps = SequenceGaps()
+    gaps.accepted(batch(0))
+    gaps.accepted(batch(4))
+    gaps.accepted(batch(8))  # in flight: next is 12
+    gaps.refused(batch(4))  # not written
+    gaps.refused(batch(8))  # refused behind it: next stays at 4
+    assert gaps.gap(batch(8)) is not None and gaps.gap(batch(12)) is not None
+    assert gaps.gap(batch(4)) is None
+    gaps.accepted(batch(4))
+    assert gaps.gap(batch(8)) is None
+
+
+def test_a_producer_whose_first_batch_was_refused_is_known_from_then_on() -> None:
+    gaps = SequenceGaps()
+    gaps.refused(batch(100))
+    assert gaps.gap(batch(104)) is not None
+    assert gaps.gap(batch(100)) is None
+
+
+def test_producers_epochs_and_batches_the_rule_leaves_alone() -> None:
+    gaps = SequenceGaps()
+    gaps.accepted(batch(0))
+    assert gaps.gap(batch(50, producer_epoch=1)) is None  # a new epoch: a new producer
+    assert gaps.gap(batch(50, producer_id=8)) is None
+    for alone in (
+        batch(50, producer_id=-1),  # not idempotent
+        batch(50, producer_epoch=-1),
+        batch(-1),  # no sequence
+        batch(50, transactional=True),
+        batch(50, control=True),
+    ):
+        assert gaps.gap(alone) is None
+        gaps.accepted(alone)
+        gaps.refused(alone)
+    assert gaps.gap(batch(4)) is None and len(gaps) == 1
+
+
+def test_several_batches_of_one_producer_in_one_partition_batch_follow_each_other() -> None:
+    gaps = SequenceGaps()
+    gaps.accepted(batch(0))
+    assert gaps.gap([*batch(4), *batch(8)]) is None
+    assert gaps.gap([*batch(4), *batch(9)]) is not None
+
+
+def test_sequences_wrap_at_two_to_the_31() -> None:
+    gaps = SequenceGaps()
+    gaps.accepted(batch(SEQUENCE_MODULUS - 2))  # ends past the wrap: next is 2
+    assert gaps.gap(batch(2)) is None
+    assert gaps.gap(batch(3)) is not None
+    assert gaps.gap(batch(SEQUENCE_MODULUS - 2)) is None  # a retry from before the wrap
+
+
+def test_the_least_recently_seen_producers_go_beyond_the_bound_and_forget_clears() -> None:
+    gaps = SequenceGaps(max_producers=2)
+    for producer_id in (1, 2, 1, 3):
+        gaps.accepted(batch(0, producer_id=producer_id))
+    assert len(gaps) == 2
+    assert gaps.gap(batch(8, producer_id=2)) is None  # gone: not known any more
+    assert gaps.gap(batch(8, producer_id=1)) is not None
+    gaps.forget()
+    assert len(gaps) == 0 and gaps.gap(batch(8, producer_id=1)) is None
+    with pytest.raises(ValueError, match="at least 1"):
+        SequenceGaps(max_producers=0)
+
+
+@given(
+    st.integers(0, SEQUENCE_MODULUS - 1),
+    st.integers(1, 200),
+    st.integers(-(1 << 29), 1 << 29),
+)
+def test_a_gap_is_exactly_a_batch_ahead_of_the_next_sequence(
+    base: int, count: int, shift: int
+) -> None:
+    gaps = SequenceGaps()
+    gaps.accepted(batch(base, count))
+    following = (base + count) % SEQUENCE_MODULUS
+    sent = (following + shift) % SEQUENCE_MODULUS
+    assert (gaps.gap(batch(sent)) is not None) == (shift > 0)
