@@ -77,6 +77,7 @@ from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot
 from dedup.ports import Clock, Owners, Policies, StateStore, Writer
 from dedup.recovery_scheduler import RecoveryScheduler
+from dedup.sequence_gaps import SequenceGaps
 from dedup.state import (
     PartitionCheck,
     PartitionVerdict,
@@ -500,16 +501,17 @@ class DedupEngine:
             if item.answer is None and self._local is not None:
                 self._lease_holds(item)
             if item.answer is None:
-                state = self._state_of(item)
                 # Kafka's sequence-gap rule (`dedup.sequence_gaps`), in line: a request of
                 # an idempotent producer that skips ahead waits for the one before it.
-                gap = state.gaps.gap(item.batches)
+                gaps = self._gaps_of(item)
+                gap = None if gaps is None else gaps.gap(item.batches)
                 if gap is not None:
                     metrics.SEQUENCE_GAPS.inc()
                     self._refuse(item, _not_written(gap))
                     continue
-                state.gaps.accepted(item.batches)
-                state.pending += 1
+                if gaps is not None:
+                    gaps.accepted(item.batches)
+                self._state_of(item).pending += 1
                 item.checked = True
         # Each identity list walks every record of the partition: build it once.
         pairs = [(w, check) for w in to_check if w.checked and (check := w.check()) is not None]
@@ -853,13 +855,21 @@ class DedupEngine:
         retry, its producer must send this partition batch again before anything after it.
         Refused for good, it is never sent again: what follows it is no gap (Kafka's Java
         producer takes a new epoch then; others go on after it)."""
-        if item.mode is Mode.DISABLED:
+        gaps = self._gaps_of(item)
+        if gaps is None:
             return
-        gaps = self._state_of(item).gaps
         if retriable(error_code):
             gaps.refused(item.batches)
         else:
             gaps.accepted(item.batches)
+
+    def _gaps_of(self, item: _Work) -> SequenceGaps | None:
+        """The partition's expectations, while this instance holds its lease: only what its
+        producers sent while it did tells (redirected to another owner, they go on there;
+        `RecoveryScheduler.forget` empties them when the lease goes)."""
+        if item.mode is Mode.DISABLED or not self._owners.holds(item.key):
+            return None
+        return self._state_of(item).gaps
 
     def _refuse_behind(self, item: _Work) -> None:
         """Refuse every request admitted on the partition so far that is not yet written:

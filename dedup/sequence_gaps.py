@@ -14,8 +14,9 @@ then read as old duplicates and be dropped. Such a request skips ahead of what t
 accepted or refused of its producer, so it is refused too, retriable.
 
 Per partition, per Kafka producer (id, epoch): the sequence its next batch must start at,
-as this owner has seen the partition since it took it (`forget` at a handoff or loss: what
-another instance accepted meanwhile is unknown here). A batch is taken as accepted when its
+as this owner has seen the partition while holding its lease (the engine records nothing
+otherwise, and `forget` empties it at a handoff or loss: what another instance accepts
+meanwhile is unknown here). A batch is taken as accepted when its
 check is queued; the expectation goes back to its first sequence when it is answered
 "retry" (the client sends it again), and passes over it when it is refused for good (the
 client never does). A producer not known may start anywhere, as with Kafka.

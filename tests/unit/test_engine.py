@@ -1131,6 +1131,22 @@ async def test_the_gap_rule_holds_for_explicit_identities_and_a_first_request() 
         assert rig.writer.log[P0] == in_order("app", range(1000, 1004))
 
 
+async def test_requests_redirected_to_another_owner_leave_no_expectation_behind() -> None:
+    """While another instance owns the partition, its producers go on there: what this one
+    refused (redirected) must not hold them back when it takes the partition again."""
+    async with running() as rig:
+        assert (await rig.send((P0, kafka_batch(0, 2))))[P0].error_code == 0
+        rig.scheduler.forget(P0)  # the lease went to another instance
+        rig.owners.released.add(P0)
+        rig.owners.elsewhere[P0] = Redirect("other", Node(7002, Endpoint("other", 9092)), 3)
+        redirected = await rig.send((P0, kafka_batch(2, 2)))
+        assert redirected[P0].error_code == ErrorCode.not_leader_or_follower
+        # The other owner wrote 2..499; this one takes the partition back.
+        rig.owners.released.clear()
+        del rig.owners.elsewhere[P0]
+        assert (await rig.send((P0, kafka_batch(500, 2))))[P0].error_code == 0
+
+
 async def test_a_batch_refused_for_good_leaves_no_gap_behind_it() -> None:
     """Refused for good (here Kafka's MESSAGE_TOO_LARGE), a batch is never sent again, so
     the producer's next batch is no gap; answered retry, it would be."""
