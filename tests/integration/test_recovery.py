@@ -110,8 +110,15 @@ def test_proxy_killed_producer_gives_up_and_resumes_from_last_sequence_id(
     total = 5000
     first = restartable.start()
     # The producer dies with the proxy: what it had not had acknowledged is lost to it.
+    # Paced to outlast the kill (some 3 s of load left): at 5,000 records/s the load once
+    # ended before the kill landed, and nothing was cut off.
     load = SequencedProducer(
-        first.bootstrap, topic, "p-resume", total, **{"message.timeout.ms": 2000}
+        first.bootstrap,
+        topic,
+        "p-resume",
+        total,
+        per_second=1000,
+        **{"message.timeout.ms": 2000},
     ).start()
     load.wait_delivered(total // 3)
     restartable.kill()
