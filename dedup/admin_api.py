@@ -49,7 +49,13 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
         if (await policies.snapshot()).mode_for(topic) is Mode.DISABLED:
             return
         keys = [(topic, partition) for partition in partitions]
-        if not await service.engine.ensure_recovered(keys, RECOVERY_WAIT_S):
+        try:
+            ready = await service.engine.ensure_recovered(keys, RECOVERY_WAIT_S)
+        except (OSError, TimeoutError) as exc:  # the topic's id could not be asked
+            raise web.HTTPServiceUnavailable(
+                text=f"{topic}: Kafka did not confirm the topic ({exc!r}); retry"
+            ) from exc
+        if not ready:
             raise web.HTTPServiceUnavailable(
                 text=f"{topic} is still recovering its dedup state; retry"
             )

@@ -75,7 +75,7 @@ from dedup.ownership.owner import Redirect
 from dedup.partitions import Key, PartitionState, _Ticket
 from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot
-from dedup.ports import Clock, Owners, Policies, StateStore, Writer
+from dedup.ports import Clock, Owners, Policies, StateStore, TopicIdLookup, Writer
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.sequence_gaps import SequenceGaps
 from dedup.state import (
@@ -86,6 +86,7 @@ from dedup.state import (
     Status,
     persisted_position,
 )
+from dedup.topic_ids import UnknownTopic
 from dedup.writer import BatchToWrite, WriteResult
 from proxy.kafka.error_codes import retriable
 from proxy.kafka.produce_codec import RecordBytes
@@ -238,8 +239,10 @@ class DedupEngine:
         check_state: CheckState = "redis",
         max_producers: int = 10_000,
         max_sequence_jump: int = 0,
+        topic_ids: TopicIdLookup | None = None,
     ) -> None:
         self._state = state
+        self._topic_ids = topic_ids  # None: a topic's id is never confirmed (unit tests)
         self._limits = limits or ReadLimits()
         self._max_request_decompressed_bytes = max_request_decompressed_bytes
         self._bindings = bindings  # None: producer names are not bound to principals
@@ -321,8 +324,35 @@ class DedupEngine:
         self._recoveries.request_all(partitions, reason)
 
     async def ensure_recovered(self, partitions: list[Key], timeout_s: float) -> bool:
-        """Recover those not recovered yet, and wait (`RecoveryScheduler.ensure_recovered`)."""
+        """Recover those not recovered yet, and wait (`RecoveryScheduler.ensure_recovered`).
+        A partition recovered here whose topic has since been deleted and created again is
+        recovered anew first: a state read (a producer's last sequence id, from which it
+        resumes) must answer for the topic as it is."""
+        await self._confirm_topics(partitions)
         return await self._recoveries.ensure_recovered(partitions, timeout_s)
+
+    async def _confirm_topics(self, partitions: list[Key]) -> None:
+        if self._topic_ids is None:
+            return
+        for topic in sorted({topic for topic, _ in partitions}):
+            recovered = [
+                (key, state)
+                for key in partitions
+                if key[0] == topic
+                and (state := self._partitions.get(key)) is not None
+                and state.recovered
+                and state.topic_id is not None
+            ]
+            if not recovered:
+                continue
+            try:
+                current = await self._topic_ids.of(topic)
+            except UnknownTopic:
+                current = None
+            for key, state in recovered:
+                if state.topic_id != current:
+                    metrics.TOPIC_RECREATED.inc()
+                    self._recoveries.request(key, "the topic was deleted and created again")
 
     async def wait_recovered(self, partitions: list[Key], timeout_s: float) -> bool:
         """Whether every one of these partitions is recovered within the timeout."""
@@ -419,7 +449,7 @@ class DedupEngine:
                     for predecessor in admission.predecessors:
                         await predecessor
                     self._take_turn(work)
-                    await self._judge(checking)
+                    await self._judge(checking, broker)
                     writes, submitted = await self._submit(work, broker, timeout_ms)
                 finally:
                     admission.done()
@@ -529,7 +559,7 @@ class DedupEngine:
             if item.answer is not None and not item.behind and retriable(item.answer.error_code):
                 self._refuse_behind(item)
 
-    async def _judge(self, checking: _Checking) -> None:
+    async def _judge(self, checking: _Checking, broker: Endpoint) -> None:
         """The verdicts of the queued check, in the request's turn."""
         checked, pending_verdicts = checking
         if pending_verdicts is None:
@@ -607,9 +637,49 @@ class DedupEngine:
             item.sizes = verdict.sizes
             if Status.DUP in verdict.statuses:  # else every record is kept, as it stands
                 self._drop_duplicates(item, verdict.statuses)
+                if not await self._topic_unchanged(item, broker):
+                    continue
             if item.dropped:
                 metrics.DUP_RECORDS.inc(item.dropped)
             metrics.NEW_RECORDS.inc(len(verdict.statuses) - item.dropped)
+
+    async def _topic_unchanged(self, item: _Work, broker: Endpoint) -> bool:
+        """Records are to be dropped as duplicates: first the partition's leader confirms
+        that the topic is still the one its state was rebuilt from (`dedup.topic_ids`).
+        Deleted and created again, its records would be lost to the old topic's sequences:
+        then the request is refused (retriable; it and every request behind it on the
+        partition) and the state is rebuilt from the new topic's log. Still in the turn:
+        no later request of the partition is judged meanwhile."""
+        expected = self._state_of(item).topic_id
+        if expected is None or self._topic_ids is None:
+            return True
+        try:
+            current = await self._topic_ids.of(item.topic, broker)
+        except UnknownTopic as exc:
+            self._topic_gone(item, "deleted")
+            self._refuse(
+                item, PartitionAnswer(ErrorCode.unknown_topic_or_partition, error_message=str(exc))
+            )
+            return False
+        except (OSError, TimeoutError) as exc:
+            self._fail(item)  # its check pushed these sequences: undo, as for a failed write
+            self._refuse(item, _not_written(f"the topic's id could not be confirmed: {exc!r}"))
+            return False
+        if current is None or current == expected:
+            return True
+        self._topic_gone(item, "deleted and created again")
+        self._refuse(item, _recovering())
+        return False
+
+    def _topic_gone(self, item: _Work, how: str) -> None:
+        metrics.TOPIC_RECREATED.inc()
+        log.warning(
+            f"the topic was {how}: rebuilding the partition's dedup state from its log",
+            topic=item.topic,
+            partition=item.partition,
+            topic_id=self._state_of(item).topic_id,
+        )
+        self._recoveries.request(item.key, f"the topic was {how}")
 
     @staticmethod
     def _drop_duplicates(item: _Work, statuses: Sequence[Status]) -> None:

@@ -20,6 +20,16 @@ CHECKED_REQUESTS = Counter(
     "dedup_checked_requests_total",
     "Produce requests checked (check_state redis: in dedup_check_round_trips_total round trips)",
 )
+TOPIC_ID_LOOKUPS = Counter(
+    "dedup_topic_id_lookups_total",
+    "Topic ids asked of Kafka: at recovery, and before answering a request in which records "
+    "were dropped as duplicates",
+)
+TOPIC_RECREATED = Counter(
+    "dedup_topic_recreated_total",
+    "Partitions whose topic was found deleted, or deleted and created again under its name "
+    "(a new topic id): their dedup state is rebuilt from the new topic's log",
+)
 SEQUENCE_GAPS = Counter(
     "dedup_sequence_gaps_total",
     "Partition batches of Kafka idempotent producers refused (retriable) for skipping ahead: "

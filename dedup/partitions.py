@@ -88,6 +88,8 @@ class PartitionState:
     holder: str | None = None  # another instance held the lease when this one tried
     holder_until: float = 0.0  # event loop time until which `holder` is believed
     token: str = ""  # proves Redis holds the state this process recovered
+    # Kafka's id of the topic that state was rebuilt from (`dedup.topic_ids`); None: unknown
+    topic_id: str | None = None
     sequences: PartitionSequences | None = None  # the maps, when kept in memory
     cursor: AckCursor = field(default_factory=lambda: AckCursor(0))
     # Kafka's sequence-gap rule for its idempotent producers, since this owner took it.

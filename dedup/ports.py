@@ -2,6 +2,7 @@
 
 The composition root (`dedup.service`) passes the real ones: `dedup.state.DedupState`,
 `dedup.writer.IdempotentWriter`, `dedup.recovery.Recovery`, `dedup.policies.PolicyStore`,
+`dedup.topic_ids.TopicIds`,
 `SystemClock`. Unit tests pass in-memory fakes.
 """
 
@@ -59,6 +60,12 @@ class PartitionRecovery(Protocol):
     async def run(
         self, partitions: Sequence[Key]
     ) -> tuple[dict[Key, RecoveredPartition], dict[Key, Exception]]: ...
+
+
+class TopicIdLookup(Protocol):
+    """Kafka's id of a topic, asked now (`dedup.topic_ids.TopicIds`)."""
+
+    async def of(self, topic: str, broker: Endpoint | None = None) -> str | None: ...
 
 
 class Policies(Protocol):

@@ -48,6 +48,7 @@ from dedup.ownership.leases import UNKNOWN, Held, Lease, PartitionLeases
 from dedup.replay import ReplayResult, replay_partition
 from dedup.snapshots import Snapshot, SnapshotStore, StoredSnapshots
 from dedup.state import DedupState, RecoveredState, clock_ms
+from dedup.topic_ids import TopicIds, UnknownTopic
 from dedup.writer import IdempotentWriter
 
 log = structlog.get_logger(__name__)
@@ -69,6 +70,7 @@ class RecoveredPartition:
     producers: int
     seconds: float
     state: RecoveredState  # what was loaded (pushed = persisted)
+    topic_id: str | None = None  # Kafka's id of the topic it was rebuilt from (None: unknown)
 
 
 class NotOwner(Exception):
@@ -102,6 +104,7 @@ class Recovery:
         bootstrap: str,
         headers: IdentityHeaders,
         owners: Owners,
+        topic_ids: TopicIds,
         *,
         max_producers: int,
         parallel_replays: int = 4,
@@ -111,6 +114,7 @@ class Recovery:
         """``kafka_config``: librdkafka settings added to its consumers' (security)."""
         self._kafka_config = dict(kafka_config or {})
         self._owners = owners
+        self._topic_ids = topic_ids
         self._writer = writer
         self._store = store
         self._state = state
@@ -150,7 +154,8 @@ class Recovery:
             else:
                 suspects[key] = named
                 metrics.LEASES.labels("taken_over" if named else "handed_over").inc()
-        mine = list(leases)
+        ids = await self._topic_ids_of(list(leases), failed)
+        mine = [key for key in leases if key not in failed]
         if not mine:
             return {}, failed
         stored = await self._store.read(mine)
@@ -168,7 +173,10 @@ class Recovery:
         await self._fence(suspects)
         ends = await asyncio.to_thread(self._high_watermarks, mine)
         outcomes = await asyncio.gather(
-            *(self._recover(key, ends[key], stored[key], started, leases[key]) for key in mine),
+            *(
+                self._recover(key, ends[key], stored[key], started, leases[key], ids[key[0]])
+                for key in mine
+            ),
             return_exceptions=True,
         )
         recovered: dict[_Key, RecoveredPartition] = {}
@@ -180,6 +188,21 @@ class Recovery:
             else:
                 raise outcome  # CancelledError and the like
         return recovered, failed
+
+    async def _topic_ids_of(
+        self, keys: list[_Key], failed: dict[_Key, Exception]
+    ) -> dict[str, str | None]:
+        """Each topic's id, asked before its log is read: a topic created again after this
+        leaves the state bound to the old id, which the engine finds out (`dedup.topic_ids`).
+        Asked after, a state rebuilt from the old log could be bound to the new id. A topic
+        that does not exist fails its partitions; no answer at all fails the batch."""
+        ids: dict[str, str | None] = {}
+        for topic in sorted({topic for topic, _ in keys}):
+            try:
+                ids[topic] = await self._topic_ids.of(topic)
+            except UnknownTopic as exc:
+                failed.update((key, exc) for key in keys if key[0] == topic)
+        return ids
 
     async def _fence(self, suspects: dict[_Key, tuple[str, ...]]) -> None:
         """Fence every suspect's transactional id on the partitions it is suspected on."""
@@ -196,7 +219,13 @@ class Recovery:
                 await self._owners.fencer_for(name).fence(sorted(keys))
 
     async def _recover(
-        self, key: _Key, end: int, stored: StoredSnapshots, started: float, lease: Lease
+        self,
+        key: _Key,
+        end: int,
+        stored: StoredSnapshots,
+        started: float,
+        lease: Lease,
+        topic_id: str | None,
     ) -> RecoveredPartition:
         topic, partition = key
         for problem in stored.corrupt:
@@ -204,7 +233,7 @@ class Recovery:
             log.warning(
                 "ignoring an unreadable snapshot", topic=topic, partition=partition, problem=problem
             )
-        snapshot = self._choose(key, end, stored)
+        snapshot = self._choose(key, end, stored, topic_id)
         start = 0 if snapshot is None else snapshot.offset
         if snapshot is not None:
             snapshot = without_reset(snapshot, stored.resets)
@@ -272,10 +301,23 @@ class Recovery:
             len(producers),
             seconds,
             view,
+            topic_id,
         )
 
-    def _choose(self, key: _Key, end: int, stored: StoredSnapshots) -> Snapshot | None:
+    def _choose(
+        self, key: _Key, end: int, stored: StoredSnapshots, topic_id: str | None
+    ) -> Snapshot | None:
         topic, partition = key
+        earlier = [s for s in stored.valid if _of_another_topic(s, topic_id)]
+        if earlier:
+            log.warning(
+                "ignoring snapshots of an earlier topic of this name (deleted and created again)",
+                topic=topic,
+                partition=partition,
+                topic_id=topic_id,
+                their_topic_ids=sorted({str(s.topic_id) for s in earlier}),
+            )
+            stored = replace(stored, valid=tuple(s for s in stored.valid if s not in earlier))
         usable = [s for s in stored.valid if s.offset <= end]
         if len(usable) < len(stored.valid):
             log.warning(
@@ -354,6 +396,12 @@ class Recovery:
             }
         finally:
             consumer.close()
+
+
+def _of_another_topic(snapshot: Snapshot, topic_id: str | None) -> bool:
+    """Whether the snapshot was taken of another topic of the same name; one without an id
+    (taken before ids were recorded) is judged by its offset alone, as before."""
+    return None not in (snapshot.topic_id, topic_id) and snapshot.topic_id != topic_id
 
 
 def _progress_logger(topic: str, partition: int, end: int) -> Callable[[int, int], None]:

@@ -217,6 +217,7 @@ class RecoveryScheduler:
     def _opened(self, key: Key, result: RecoveredPartition) -> None:
         state = self.partitions.of(key)
         state.token = result.token
+        state.topic_id = result.topic_id
         self.on_opened(key, result)
         state.cursor = AckCursor(result.end)
         state.snapshot_generation = result.next_generation

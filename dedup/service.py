@@ -31,6 +31,7 @@ from dedup.settings import DedupSettings
 from dedup.snapshots import SnapshotError, SnapshotStore
 from dedup.snapshotter import SnapshotPolicy, Snapshotter
 from dedup.state import DedupState, ProducerState, clock_ms
+from dedup.topic_ids import TopicIds
 from dedup.writer import IdempotentWriter, LeaderLookup
 from proxy.kafka.topology import Endpoint
 from proxy.runtime.security import UpstreamSecurity
@@ -134,6 +135,7 @@ class DedupService:
             kafka_config=kafka_config,
         )
         headers = IdentityHeaders(settings.dedup_producer_header, settings.dedup_sequence_header)
+        topic_ids = TopicIds(self.links.get, upstream.known_upstreams)
         self.recoveries = RecoveryScheduler(
             Recovery(
                 self.writer,
@@ -151,6 +153,7 @@ class DedupService:
                     ],
                     self.ownership.granted,
                 ),
+                topic_ids,
                 max_producers=settings.max_producers_per_snapshot,
                 replay_timeout_s=settings.replay_timeout_s,
                 kafka_config=kafka_config,
@@ -176,6 +179,7 @@ class DedupService:
             check_state=settings.check_state,
             max_producers=settings.max_producers_per_partition,
             max_sequence_jump=settings.max_sequence_jump,
+            topic_ids=topic_ids,
         )
         self.snapshotter = Snapshotter(
             self.engine,

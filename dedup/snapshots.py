@@ -23,7 +23,11 @@ Layout of the snapshot topic (``__dedup_snapshots`` by default, ``cleanup.policy
   are persisted, the last one is not. A producer may be in both, or in ``chunks`` only (its
   first message on the partition is in progress), compressed by the producer
   (zstd), so even hundreds of thousands of producers fit in ``max.message.bytes`` (16 MiB).
-  Decoding checks every field: a damaged record is reported, never trusted.
+  Decoding checks every field: a damaged record is reported, never trusted. ``topic_id``
+  (Kafka's id of the topic, `dedup.topic_ids`) is there when known; snapshots written
+  before it was recorded have none. A reader that predates it reports such a snapshot as
+  unreadable (an unknown field) and falls back, as for any damaged one: safe, a longer
+  replay.
 
 Reading treats the topic as if fully compacted, whether or not the cleaner has run: per key
 only the last record counts (a tombstone empties the slot), so what recovery sees does not
@@ -68,6 +72,9 @@ _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _FIELDS: Final = frozenset(
     ("topic", "partition", "offset", "created_ms", "generation", "producers", "chunks")
 )
+# Not in snapshots written before topic ids were recorded; read as None.
+_OPTIONAL_FIELDS: Final = frozenset(("topic_id",))
+_TOPIC_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _SHOW: Final = 60  # characters of a bad value shown in an error message
 _KEY_ROOM: Final = 1024  # the record key next to a value of MAX_SNAPSHOT_BYTES
 _GRACE_S: Final = 5.0  # past Kafka's own timeouts, for their answer to arrive
@@ -196,9 +203,16 @@ class Snapshot:
     generation: int
     producers: Mapping[str, ProducerEntry]
     chunks: Mapping[str, ChunkEntry] = field(default_factory=dict)
+    # Kafka's id of the topic the state was rebuilt from (`dedup.topic_ids`); None: not
+    # known (a cluster without topic ids, or a snapshot written before they were recorded).
+    topic_id: str | None = None
 
     def __post_init__(self) -> None:
         check_topic_name(self.topic)
+        if self.topic_id is not None and (
+            not isinstance(self.topic_id, str) or not _TOPIC_ID.fullmatch(self.topic_id)
+        ):
+            raise ValueError(f"topic_id is not a lower-case UUID: {_show(self.topic_id)}")
         _check_int("partition", self.partition, 0, _INT32_MAX)
         _check_int("offset", self.offset, 0, INT64_MAX)
         _check_int("created_ms", self.created_ms, 0, INT64_MAX)
@@ -239,6 +253,8 @@ class Snapshot:
             "producers": {n: [e.sequence, e.last_seen_ms] for n, e in self.producers.items()},
             "chunks": {n: c.to_json() for n, c in self.chunks.items()},
         }
+        if self.topic_id is not None:
+            body["topic_id"] = self.topic_id
         # ASCII output: any Python string (even a lone surrogate) encodes without error.
         return MAGIC + json.dumps(body, separators=(",", ":"), allow_nan=False).encode("ascii")
 
@@ -276,8 +292,10 @@ class Snapshot:
             raise ValueError(f"body is a JSON {type(doc).__name__}, expected an object")
         if missing := _FIELDS - doc.keys():
             raise ValueError(f"missing fields {sorted(missing)}")
-        if unknown := doc.keys() - _FIELDS:
+        if unknown := doc.keys() - _FIELDS - _OPTIONAL_FIELDS:
             raise ValueError(f"unknown fields {sorted(unknown)}")
+        if "topic_id" in doc and not isinstance(doc["topic_id"], str):  # never written null
+            raise ValueError(f"topic_id is not a lower-case UUID: {_show(doc['topic_id'])}")
         raw_producers = doc["producers"]
         if not isinstance(raw_producers, dict):
             raise ValueError(f"producers is a JSON {type(raw_producers).__name__}, not an object")
@@ -308,6 +326,7 @@ class Snapshot:
             generation=doc["generation"],
             producers=producers,
             chunks=chunks,
+            topic_id=doc.get("topic_id"),
         )
 
     def capped(self, max_producers: int) -> Snapshot:

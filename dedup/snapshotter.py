@@ -171,6 +171,7 @@ class Snapshotter:
                 producers={p: ProducerEntry(s, seen) for p, (s, seen) in view.producers.items()},
                 # Chunked messages in progress: a recovery continues them exactly.
                 chunks={p: ChunkEntry(c, seen) for p, (c, seen) in view.chunks.items()},
+                topic_id=state.topic_id,
             ).capped(self._policy.max_producers)
             fitted, encoded = snapshot.within_bytes()
             if fitted is not snapshot:

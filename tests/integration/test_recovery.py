@@ -30,7 +30,7 @@ from tests.support.proxy_api import admin_call
 from tests.support.raw import explicit_batch, produce_raw, produce_request
 from tests.support.relay import relayed_redis
 from tests.support.restartable import RestartableProxy
-from tests.support.topics import new_topic
+from tests.support.topics import delete_and_create_again, new_topic
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -499,6 +499,47 @@ def test_a_late_write_of_the_killed_proxy_is_refused_after_the_restart(
         90,  # PRODUCER_FENCED
     )
     assert b"zombie" not in values(local_env.bootstrap, topic)
+
+
+# -------------------------------------------------------------------------- a topic created again
+
+
+def test_a_topic_created_again_under_a_running_proxy_takes_every_record(
+    restartable: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """Before: the deleted topic's state read the new topic's records as its duplicates,
+    dropped them all and answered success; the new topic stayed empty."""
+    topic, proxy = new_topic(local_env.bootstrap), restartable.start()
+    blind_resend(proxy, topic, "p-again", range(100), prefix="old")
+    delete_and_create_again(local_env.bootstrap, topic)
+    resuming = DedupProducer(proxy.bootstrap, "p-again", admin_url=proxy.admin_url)
+    assert resuming.last_sequence_id(topic) == -1, "a producer resuming starts from 0"
+    blind_resend(proxy, topic, "p-again", range(100), prefix="new")
+    assert values(local_env.bootstrap, topic) == [f"new{i}".encode() for i in range(100)]
+    assert any("deleted and created again" in line for line in restartable.log_events())
+
+
+def test_a_restart_ignores_the_snapshots_of_a_topic_since_created_again(
+    rare_snapshots: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """The new topic's log reaches past the old topic's snapshot (200 plain records): by
+    its offset alone the snapshot would be used, and its producer's 100 sequences would
+    drop the new topic's."""
+    restartable, topic = rare_snapshots, new_topic(local_env.bootstrap)
+    blind_resend(restartable.start(), topic, "p-again", range(100), prefix="old")
+    restartable.stop()  # SIGTERM: a snapshot at offset 100, with the topic's id
+    delete_and_create_again(local_env.bootstrap, topic)
+    plain = Producer({"bootstrap.servers": local_env.bootstrap})
+    for i in range(200):
+        plain.produce(topic, f"plain{i}".encode())
+    assert plain.flush(30) == 0
+    blind_resend(restartable.start(), topic, "p-again", range(100), prefix="new")
+    written = values(local_env.bootstrap, topic)
+    assert written[200:] == [f"new{i}".encode() for i in range(100)]
+    assert len(written) == 300
+    assert any(
+        "ignoring snapshots of an earlier topic" in line for line in restartable.log_events()
+    )
 
 
 def test_operations_from_the_shell(restartable: RestartableProxy, local_env: EnvInfo) -> None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
 from deploy.topics import create_topic
 
 
@@ -22,3 +27,19 @@ def new_topic(
         timeout_s=30,
         client_config=client_config,
     )
+
+
+def delete_and_create_again(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    """The topic deleted, then created again under its name (a new topic id, an empty
+    log), returned once the new one is served."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:  # the deletion completes a moment after it is acknowledged
+        try:
+            create_topic(bootstrap, name=topic, partitions=partitions, timeout_s=30)
+            return
+        except KafkaException as exc:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic} could not be created again") from exc
+            time.sleep(0.2)

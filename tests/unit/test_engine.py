@@ -74,6 +74,7 @@ from dedup.state import (
     RecoveredState,
     Status,
 )
+from dedup.topic_ids import UnknownTopic
 from dedup.writer import WITHDRAWN, BatchToWrite, WriteResult
 from proxy.kafka.produce_codec import RecordBytes, RecordPieces
 from proxy.kafka.topology import Endpoint
@@ -409,11 +410,44 @@ async def _worst(ahead: list[asyncio.Future[WriteResult]]) -> WriteResult | None
 
 
 @dataclass
+class FakeTopicIds:
+    """Kafka's topic ids (`ports.TopicIdLookup`): each topic keeps its id until a test
+    creates it again (`recreate`) or deletes it; ``hold`` makes every lookup wait."""
+
+    ids: dict[str, str | None] = field(default_factory=dict)  # None: deleted
+    asked: list[tuple[str, Endpoint | None]] = field(default_factory=list)
+    failure: Exception | None = None
+    hold: asyncio.Event | None = None
+    _serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    async def of(self, topic: str, broker: Endpoint | None = None) -> str | None:
+        self.asked.append((topic, broker))
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.failure is not None:
+            raise self.failure
+        if topic not in self.ids:
+            self.ids[topic] = f"00000000-0000-0000-0000-{next(self._serial):012d}"
+        found = self.ids[topic]
+        if found is None:
+            raise UnknownTopic(f"topic {topic} does not exist")
+        return found
+
+    def recreate(self, topic: str) -> None:
+        self.ids[topic] = f"00000000-0000-0000-0000-{next(self._serial):012d}"
+
+    def engine_asked(self) -> list[str]:
+        """The topics the engine asked of a partition's leader (recovery asks no broker)."""
+        return [topic for topic, broker in self.asked if broker is not None]
+
+
+@dataclass
 class FakeRecovery:
     """Rebuilds partitions from the fake log (`ports.PartitionRecovery`)."""
 
     state: FakeState
     writer: FakeWriter
+    topic_ids: FakeTopicIds = field(default_factory=FakeTopicIds)
     calls: list[list[Key]] = field(default_factory=list)
     hold: asyncio.Event | None = None  # every run waits for it
     failing: dict[Key, int] = field(default_factory=dict)  # key -> runs left that fail it
@@ -439,6 +473,11 @@ class FakeRecovery:
                 self.failing[key] -= 1
                 failed[key] = RuntimeError("replay failed")
                 continue
+            try:
+                topic_id = await self.topic_ids.of(key[0])
+            except UnknownTopic as gone:
+                failed[key] = gone
+                continue
             highest: dict[str, int] = {}
             for producer, sequence in self.writer.log[key]:
                 highest[producer] = max(sequence, highest.get(producer, sequence))
@@ -447,7 +486,7 @@ class FakeRecovery:
             end = len(self.writer.log[key])
             loaded = RecoveredState({p: (s, NOW_MS) for p, s in highest.items()}, {})
             recovered[key] = RecoveredPartition(
-                *key, token, end, None, 0, end, len(highest), 0.0, loaded
+                *key, token, end, None, 0, end, len(highest), 0.0, loaded, topic_id
             )
         return recovered, failed
 
@@ -507,6 +546,7 @@ class Rig:
     owners: FakeOwners
     policies: FixedPolicies
     check_state: str
+    topic_ids: FakeTopicIds
 
     async def admit(self, *parts: tuple[Key, bytes]) -> asyncio.Task[dict[Key, PartitionAnswer]]:
         """Admit one request now (its place in line) and start it, without waiting."""
@@ -535,8 +575,8 @@ async def running(
     persisted_linger_s: float = 0.005,
     max_producers: int = 10_000,
 ) -> AsyncIterator[Rig]:
-    state, writer = FakeState(), FakeWriter()
-    recovery = FakeRecovery(state, writer)
+    state, writer, topic_ids = FakeState(), FakeWriter(), FakeTopicIds()
+    recovery = FakeRecovery(state, writer, topic_ids)
     scheduler = RecoveryScheduler(recovery, retry_s=retry_s)
     owners = FakeOwners()
     fixed = FixedPolicies(policies or PolicySnapshot(Mode.ENABLED))
@@ -554,6 +594,7 @@ async def running(
         persisted_linger_s=persisted_linger_s,
         check_state="memory" if _check_state == "memory" else "redis",
         max_producers=max_producers,
+        topic_ids=topic_ids,
     )
     if _check_state == "memory":  # what is checked is recorded as FakeState records it
         queue = engine._checks.queue
@@ -564,7 +605,9 @@ async def running(
 
         engine._checks.queue = recorded  # type: ignore[method-assign]
     try:
-        yield Rig(state, writer, recovery, scheduler, engine, owners, fixed, _check_state)
+        yield Rig(
+            state, writer, recovery, scheduler, engine, owners, fixed, _check_state, topic_ids
+        )
     finally:
         await scheduler.close()
         await engine.close()
@@ -1509,6 +1552,104 @@ async def test_first_use_wait_running_out_tells_the_request_and_those_behind_it_
         replaying.set()
         assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=0)
         assert (await rig.send((P0, records("p", [1]))))[P0] == PartitionAnswer(base_offset=1)
+
+
+# -------------------------------------------------------------------------- a topic created again
+
+
+def recreate(rig: Rig, topic: str) -> None:
+    """The topic deleted and created again under its name: a new id, an empty log."""
+    rig.topic_ids.recreate(topic)
+    for key in [key for key in rig.writer.log if key[0] == topic]:
+        rig.writer.log[key] = []
+
+
+async def test_a_topic_created_again_takes_its_records_instead_of_reading_them_as_old() -> None:
+    """Before: the state of the deleted topic dropped the new topic's records as its
+    duplicates, answered success, and nothing was written."""
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
+        recreate(rig, P0[0])
+        refused = await rig.send((P0, records("p", [0, 1, 2])))
+        assert refused[P0].error_code == ErrorCode.not_leader_or_follower
+        assert rig.writer.log[P0] == [], "nothing dropped, nothing written"
+        again = await rig.send((P0, records("p", [0, 1, 2])))
+        assert again[P0] == PartitionAnswer(base_offset=0)
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+        assert rig.recovery.calls == [[P0], [P0]], "rebuilt from the new topic's log"
+
+
+async def test_the_topic_id_is_asked_of_the_leader_only_when_records_are_dropped() -> None:
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1]))))[P0])
+        assert ok((await rig.send((P0, records("p", [2]))))[P0])
+        assert rig.topic_ids.engine_asked() == [], "nothing dropped: nothing asked"
+        dup = await rig.send((P0, records("p", [1, 2, 3])))
+        assert dup[P0] == PartitionAnswer(base_offset=-1), "the same topic: dropped as before"
+        assert rig.topic_ids.asked[-1] == (P0[0], BROKER)
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
+
+
+async def test_requests_behind_one_refused_for_a_topic_created_again_are_refused_too() -> None:
+    """The request behind holds new sequences of the old state: written ahead of the
+    retry, they would make the retry's records read as old in the new topic."""
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
+        asking = rig.topic_ids.hold = asyncio.Event()
+        first = await rig.admit((P0, records("p", [0, 1, 2])))
+        second = await rig.admit((P0, records("p", [3, 4])))
+        await asyncio.sleep(0.1)
+        recreate(rig, P0[0])
+        asking.set()
+        answers = [await asyncio.wait_for(task, 5) for task in (first, second)]
+        assert all(retriable_not_written(a[P0]) for a in answers), answers
+        assert rig.writer.log[P0] == []
+        assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
+        assert ok((await rig.send((P0, records("p", [3, 4]))))[P0])
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3, 4])
+
+
+async def test_a_topic_id_that_cannot_be_confirmed_refuses_and_undoes_the_check() -> None:
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
+        rig.topic_ids.failure = TimeoutError()
+        refused = await rig.send((P0, records("p", [2, 3])))
+        assert refused[P0].error_code == ErrorCode.not_enough_replicas
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+        rig.topic_ids.failure = None
+        await rig.settle()
+        accepted = await rig.send((P0, records("p", [2, 3])))
+        assert accepted[P0] == PartitionAnswer(base_offset=-1), "3 is new again: pushed undone"
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
+        assert rig.recovery.calls == [[P0]], "the state itself was not in doubt"
+
+
+async def test_a_state_read_after_the_topic_was_created_again_is_of_the_new_topic() -> None:
+    """A producer resumes from its last sequence id: read of the old topic, it would skip
+    the new topic's first records."""
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
+        assert await rig.engine.ensure_recovered([P0], 2)
+        assert rig.recovery.calls == [[P0]], "the same topic: nothing to do"
+        recreate(rig, P0[0])
+        assert await rig.engine.ensure_recovered([P0], 2)
+        assert rig.recovery.calls == [[P0], [P0]]
+        state = rig.engine.partition_states()[P0]
+        assert state.topic_id == rig.topic_ids.ids[P0[0]]
+        assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=0)
+
+
+async def test_a_deleted_topic_is_answered_unknown_and_rebuilt_once_it_is_back() -> None:
+    async with running(retry_s=(0.01, 0.01)) as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
+        rig.topic_ids.ids[P0[0]] = None
+        rig.writer.log[P0] = []
+        gone = await rig.send((P0, records("p", [2])))
+        assert gone[P0].error_code == ErrorCode.unknown_topic_or_partition
+        rig.topic_ids.recreate(P0[0])
+        back = await rig.send((P0, records("p", [0])))
+        assert back[P0] == PartitionAnswer(base_offset=0)
+        assert rig.writer.log[P0] == in_order("p", [0])
 
 
 # ----------------------------------------------------------------------------- a property

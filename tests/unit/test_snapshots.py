@@ -88,6 +88,7 @@ def snapshots_of(draw: st.DrawFn) -> Snapshot:
             for name, chunk in chunks.items()
             if name not in producers or chunk.progress.sequence > producers[name].sequence
         },
+        topic_id=draw(st.none() | st.uuids().map(str)),
     )
 
 
@@ -180,7 +181,7 @@ def test_random_bytes_are_corrupt(data: bytes) -> None:
 @given(
     st.dictionaries(
         st.sampled_from(["topic", "partition", "offset", "created_ms", "generation"])
-        | st.sampled_from(["producers", "chunks", "other"]),
+        | st.sampled_from(["producers", "chunks", "topic_id", "other"]),
         json_values | st.dictionaries(st.text(max_size=3), json_values, max_size=3),
         max_size=4,
     ),
@@ -248,11 +249,25 @@ def test_decode_says_why(data: bytes, reason: str) -> None:
         ({"chunks": {"a": [5, 0, 2, 10, 5, "u", 0]}}, "sequence 5 in progress is not above"),
         ({"chunks": ...}, r"missing fields \['chunks'\]"),
         ({"extra": 1}, r"unknown fields \['extra'\]"),
+        ({"topic_id": 5}, "topic_id is not a lower-case UUID: 5"),
+        ({"topic_id": None}, "topic_id is not a lower-case UUID: None"),
+        ({"topic_id": "5C1A4F3E-0000-0000-0000-000000000000"}, "not a lower-case UUID"),
+        ({"topic_id": "not-a-uuid"}, "not a lower-case UUID"),
     ],
 )
 def test_decode_checks_every_field(changes: dict[str, Any], reason: str) -> None:
     with pytest.raises(CorruptSnapshot, match=reason):
         Snapshot.decode(raw(body(**changes)))
+
+
+def test_the_topic_id_is_kept_when_known_and_absent_before() -> None:
+    """Snapshots written before topic ids were recorded have none, and still decode."""
+    topic_id = "5c1a4f3e-9d2b-4c1e-8f00-0123456789ab"
+    known = snapshot(topic_id=topic_id)
+    assert json.loads(known.encode()[len(MAGIC) :])["topic_id"] == topic_id
+    assert Snapshot.decode(known.encode()) == known
+    assert "topic_id" not in json.loads(snapshot().encode()[len(MAGIC) :])
+    assert Snapshot.decode(raw(body())).topic_id is None
 
 
 def test_invalid_snapshots_cannot_be_built() -> None:

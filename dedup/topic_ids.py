@@ -1,0 +1,93 @@
+"""Which incarnation of a topic a partition's dedup state belongs to.
+
+Kafka gives every topic a random id when it is created (KIP-516; Metadata v10 and later
+report it). A topic deleted and created again under its old name gets a new id and an
+empty log, while the dedup state (the maps, Redis's copy, the snapshots) is known by the
+name. Left alone, the new topic's first records would read as duplicates of the old
+topic's, be dropped and be answered success: lost.
+
+So a partition's state carries the id of the topic it was rebuilt from (`dedup.recovery`
+reads it before the log), snapshots carry it too, and the engine confirms the id with the
+partition's leader before it answers a request in which it dropped records
+(`DedupEngine._topic_unchanged`). Only such answers can lose records to a stale state: a
+record that is written is in the log whatever the state believed. Dropped records are the
+exception (retries, a restarted producer sending again), so the extra round trip is not on
+the common path.
+
+Each call asks the cluster anew, on a connection of its own per broker (never behind a
+large Produce request): an answer is only good for a request that arrived before it was
+asked.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.types import TopicName
+
+from dedup import metrics
+from proxy.kafka.topology import Endpoint
+
+# Its own connection to each broker, apart from the writer's lanes (0, 1, ...).
+METADATA_LANE = -1
+
+
+class UnknownTopic(LookupError):
+    """The cluster has no topic of this name (deleted, and not created again yet)."""
+
+
+class MetadataLink(Protocol):
+    """A connection to a broker (`proxy.kafka.upstream_client.UpstreamClient`)."""
+
+    async def request(self, payload: Any) -> Any: ...
+
+
+class TopicIds:
+    def __init__(
+        self,
+        connect: Callable[[Endpoint, int], Awaitable[MetadataLink]],
+        known_upstreams: Callable[[], Sequence[Endpoint]],
+    ) -> None:
+        self._connect = connect  # (broker, lane) -> an open connection (`dedup.links`)
+        self._known_upstreams = known_upstreams
+
+    async def of(self, topic: str, broker: Endpoint | None = None) -> str | None:
+        """The topic's id now, asked of ``broker`` (else of the brokers known, in turn); None
+        when the cluster gives topics no id (a ZooKeeper cluster older than Kafka 2.8).
+        Raises `UnknownTopic`, and OSError or TimeoutError when no broker answered."""
+        request = MetadataRequest(
+            topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        )
+        endpoints = [broker] if broker is not None else list(self._known_upstreams())
+        error: Exception = OSError("no upstream broker known")
+        for endpoint in endpoints:
+            metrics.TOPIC_ID_LOOKUPS.inc()
+            try:
+                link = await self._connect(endpoint, METADATA_LANE)
+                response = await link.request(request)
+            except (OSError, TimeoutError) as exc:
+                error = exc
+                continue
+            return _topic_id(response, topic)
+        raise error
+
+
+def _topic_id(response: Any, topic: str) -> str | None:
+    for found in response.topics:
+        if found.name != topic:
+            continue
+        if found.error_code == ErrorCode.unknown_topic_or_partition:
+            raise UnknownTopic(f"topic {topic} does not exist")
+        if found.error_code:
+            raise OSError(f"metadata of topic {topic}: error code {int(found.error_code)}")
+        topic_id = found.topic_id
+        if topic_id is None or topic_id == uuid.UUID(int=0):
+            return None
+        return str(topic_id)
+    raise OSError(f"the metadata answer does not name topic {topic}")

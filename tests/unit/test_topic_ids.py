@@ -1,0 +1,91 @@
+"""`dedup.topic_ids` against fake broker links: which answer means what, and which brokers
+are asked. The real Kafka's answers: tests/integration/test_topic_ids.py."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from dedup.topic_ids import METADATA_LANE, TopicIds, UnknownTopic
+from proxy.kafka.topology import Endpoint
+
+A, B = Endpoint("a", 9092), Endpoint("b", 9092)
+TOPIC_ID = uuid.UUID("5c1a4f3e-9d2b-4c1e-8f00-0123456789ab")
+
+
+def answer(name: str = "orders", error: int = 0, topic_id: uuid.UUID | None = TOPIC_ID) -> Any:
+    return SimpleNamespace(
+        topics=[SimpleNamespace(name=name, error_code=ErrorCode(error), topic_id=topic_id)]
+    )
+
+
+@dataclass
+class FakeLinks:
+    answers: dict[Endpoint, Any]  # an exception is raised
+    asked: list[tuple[Endpoint, int, Any]] = field(default_factory=list)
+
+    async def connect(self, endpoint: Endpoint, lane: int) -> FakeLinks.Link:
+        return FakeLinks.Link(self, endpoint, lane)
+
+    @dataclass
+    class Link:
+        links: FakeLinks
+        endpoint: Endpoint
+        lane: int
+
+        async def request(self, payload: Any) -> Any:
+            self.links.asked.append((self.endpoint, self.lane, payload))
+            found = self.links.answers[self.endpoint]
+            if isinstance(found, Exception):
+                raise found
+            return found
+
+
+def ids_of(links: FakeLinks) -> TopicIds:
+    return TopicIds(links.connect, lambda: [A, B])
+
+
+def test_the_id_is_asked_of_the_broker_named_on_a_lane_of_its_own() -> None:
+    links = FakeLinks({A: answer(), B: OSError("not asked")})
+    assert asyncio.run(ids_of(links).of("orders", A)) == str(TOPIC_ID)
+    [(endpoint, lane, request)] = links.asked
+    assert (endpoint, lane) == (A, METADATA_LANE)
+    assert [str(t.name) for t in request.topics] == ["orders"]
+    assert request.allow_auto_topic_creation is False, "asking must not create the topic"
+
+
+def test_without_a_broker_the_known_ones_are_asked_in_turn() -> None:
+    links = FakeLinks({A: TimeoutError(), B: answer()})
+    assert asyncio.run(ids_of(links).of("orders")) == str(TOPIC_ID)
+    assert [endpoint for endpoint, _, _ in links.asked] == [A, B]
+
+
+def test_no_broker_answering_raises_the_last_error() -> None:
+    links = FakeLinks({A: TimeoutError(), B: ConnectionRefusedError("down")})
+    with pytest.raises(ConnectionRefusedError, match="down"):
+        asyncio.run(ids_of(links).of("orders"))
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        (answer(topic_id=uuid.UUID(int=0)), None),  # a cluster without topic ids
+        (answer(topic_id=None), None),
+        (answer(error=ErrorCode.unknown_topic_or_partition), UnknownTopic),
+        (answer(error=ErrorCode.topic_authorization_failed), OSError),
+        (answer(name="other"), OSError),
+    ],
+)
+def test_what_each_answer_means(reply: Any, expected: type[Exception] | None) -> None:
+    links = FakeLinks({A: reply})
+    if expected is None:
+        assert asyncio.run(ids_of(links).of("orders", A)) is None
+    else:
+        with pytest.raises(expected):
+            asyncio.run(ids_of(links).of("orders", A))
