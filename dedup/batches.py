@@ -23,8 +23,8 @@ rules (names and sequence text: `dedup.identity`; docs/design.md, "1. Identity")
   sequence `(baseSequence + offsetDelta) mod 2**31`. That is the sequence Kafka itself
   gives the record (`DefaultRecordBatch.incrementSequence`: int32 sequences wrap from
   2**31-1 to 0), so it names the same record Kafka's own idempotence does. A long-lived
-  idempotent producer does wrap (2**31 records per producer id and epoch), so the check
-  must compare implicit sequences wrap-aware; `IMPLICIT_SEQUENCE_MODULUS` is exported for it.
+  idempotent producer does wrap (2**31 records per producer id and epoch): the owner
+  unwraps them before the check (`dedup.implicit_wraps`, `BatchRun.unwrapped`).
 - Chunked messages (`dedup.chunks`): a record with chunk headers (``dedup.uuid``,
   ``dedup.chunk.id``, ``dedup.chunk.count``, ``dedup.total.size``) needs an explicit identity
   (chunks of one message share a sequence, which implicit identities cannot), a non-null
@@ -120,6 +120,7 @@ HEADER_SEQUENCE: Final = DEFAULT_SEQUENCE_HEADER
 
 IMPLICIT_PRODUCER_PREFIX: Final = "kafka-pid-"
 IMPLICIT_SEQUENCE_MODULUS: Final = 1 << 31
+_UNBOUNDED_SEQUENCES: Final = (1 << 63) - 1  # the rewrite's modulus for unwrapped ones
 
 CODEC_NONE: Final = 0
 CODEC_GZIP: Final = 1
@@ -225,15 +226,22 @@ class BatchRun:
     # (`with_identity_headers`): implicit, create time, first record at the first timestamp.
     rewritable: bool = False
     max_timestamp: int = -1  # the largest record timestamp (for the rewrite's header)
+    # Implicit sequences counted on past Kafka's wrap (`dedup.implicit_wraps`): `first + i`.
+    unwrapped: bool = False
+
+    @property
+    def wraps(self) -> bool:
+        """Whether its sequences wrap at 2^31 (Kafka's, as read)."""
+        return self.implicit and not self.unwrapped
 
     def sequence(self, index: int) -> int:
         sequence = self.first + index
-        return sequence % IMPLICIT_SEQUENCE_MODULUS if self.implicit else sequence
+        return sequence % IMPLICIT_SEQUENCE_MODULUS if self.wraps else sequence
 
     def runs(self) -> list[tuple[str, int, int, int]]:
         """As the check's runs (`dedup.state.check_runs`): split where an implicit sequence
         wraps to 0."""
-        if not self.implicit or self.first + self.count <= IMPLICIT_SEQUENCE_MODULUS:
+        if not self.wraps or self.first + self.count <= IMPLICIT_SEQUENCE_MODULUS:
             return [(self.producer, self.first, self.first + self.count - 1, self.count)]
         before = IMPLICIT_SEQUENCE_MODULUS - self.first
         return [
@@ -1340,7 +1348,7 @@ def identity_records(batch: IncomingBatch, headers: IdentityHeaders = DEFAULT_HE
         headers.sequence.encode("utf-8"),
         run.producer.encode("utf-8"),
         run.first,
-        IMPLICIT_SEQUENCE_MODULUS,
+        IMPLICIT_SEQUENCE_MODULUS if run.wraps else _UNBOUNDED_SEQUENCES,
     )
     return records if codec == CODEC_NONE else _ENCODERS[codec](records)
 

@@ -10,9 +10,12 @@ For one client Produce request:
    refused for that partition only. A partition named twice in one request keeps only its
    last data, as Kafka's broker does.
 3. Every partition is checked: per record NOT_DUP (forward), DUP (drop), UNKNOWN (refuse
-   the partition batch, nothing written, retriable). The owner keeps the maps in memory
-   (`dedup.sequences`, `dedup.local_check`: the check costs no round trip), or with
-   ``check_state = "redis"`` one Redis round trip checks every partition (`dedup.state`),
+   the partition batch, nothing written, retriable). Implicit sequences are counted on
+   past Kafka's wrap at 2^31 first (`dedup.implicit_wraps`); records are dropped only once
+   Kafka confirms the topic is the one the state was rebuilt from (`dedup.topic_ids`).
+   The owner keeps the maps in memory (`dedup.sequences`, `dedup.local_check`: the check
+   costs no round trip), or with ``check_state = "redis"`` one Redis round trip checks
+   every partition (`dedup.state`),
    checks queued while one is on its way sharing the next (`dedup.group_check`). Checks run
    in the order of the line; their verdicts are judged in it too.
 4. The kept records are rebuilt as one batch per partition and written by the proxy's own
@@ -541,6 +544,7 @@ class DedupEngine:
                     continue
                 if gaps is not None:
                     gaps.accepted(item.batches)
+                self._unwrap(item)
                 self._state_of(item).pending += 1
                 item.checked = True
         # Each identity list walks every record of the partition: build it once.
@@ -550,6 +554,14 @@ class DedupEngine:
         for item, check in pairs:
             item.checked_as = check
         return [w for w, _ in pairs], self._checks.queue([c for _, c in pairs])
+
+    def _unwrap(self, item: _Work) -> None:
+        """Kafka's implicit sequences counted on past its wrap at 2^31, in line
+        (`dedup.implicit_wraps`): after it, they would read as the first ones again."""
+        unwrapped = self._state_of(item).wraps.unwrap(item.batches)
+        if unwrapped is not None:
+            item.batches = unwrapped
+            item.prepared = []  # made ahead with Kafka's sequences: made again when written
 
     def _take_turn(self, work: list[_Work]) -> None:
         """Every request ahead is submitted or refused: a retriable refusal of this one
@@ -591,6 +603,7 @@ class DedupEngine:
                 self._refuse(item, _recovering())
                 continue
             if verdict.evicted:
+                self._state_of(item).wraps.forget(verdict.evicted)
                 if self._local is not None:  # Redis's copy forgets them too
                     self._spawn(self._forget_in_redis(item.key, verdict.evicted))
                 metrics.EVICTIONS.inc(len(verdict.evicted))

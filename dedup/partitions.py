@@ -8,7 +8,8 @@
 - The sequence maps themselves, when the owner keeps them (``check_state = "memory"``,
   `dedup.sequences`): loaded by the recovery, checked and updated by the engine.
 - The acknowledgement cursor (`AckCursor`): the offset a snapshot may claim to cover.
-- The sequence each Kafka idempotent producer must send next (`dedup.sequence_gaps`).
+- The sequence each Kafka idempotent producer must send next (`dedup.sequence_gaps`), and
+  the implicit producers near or past Kafka's sequence wrap (`dedup.implicit_wraps`).
 - Snapshot bookkeeping for `dedup.snapshotter`.
 """
 
@@ -19,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dedup.implicit_wraps import Wraps
 from dedup.sequence_gaps import SequenceGaps
 
 if TYPE_CHECKING:
@@ -94,6 +96,8 @@ class PartitionState:
     cursor: AckCursor = field(default_factory=lambda: AckCursor(0))
     # Kafka's sequence-gap rule for its idempotent producers, since this owner took it.
     gaps: SequenceGaps = field(default_factory=SequenceGaps)
+    # Implicit sequences past Kafka's wrap: the producers near or past it (seeded by recovery)
+    wraps: Wraps = field(default_factory=Wraps)
 
     snapshot_generation: int = 0  # of the next snapshot
     snapshot_offset: int | None = None  # of the latest snapshot known (taken or recovered)

@@ -133,6 +133,7 @@ class RecoveryScheduler:
         state.token = ""
         state.sequences = None
         state.gaps.forget()  # what its producers send elsewhere meanwhile is not seen here
+        state.wraps.forget()  # the next recovery seeds it again
         state.open.set()
 
     async def ensure_recovered(self, partitions: Sequence[Key], timeout_s: float) -> bool:
@@ -218,6 +219,7 @@ class RecoveryScheduler:
         state = self.partitions.of(key)
         state.token = result.token
         state.topic_id = result.topic_id
+        state.wraps.seed(result.state.producers)
         self.on_opened(key, result)
         state.cursor = AckCursor(result.end)
         state.snapshot_generation = result.next_generation

@@ -27,7 +27,7 @@ from tests.support.kafka_io import assert_exactly_once_in_order, values
 from tests.support.load import SequencedProducer
 from tests.support.ports import RECOVERY, REDIS_RELAY
 from tests.support.proxy_api import admin_call
-from tests.support.raw import explicit_batch, produce_raw, produce_request
+from tests.support.raw import explicit_batch, idempotent_batch, produce_raw, produce_request
 from tests.support.relay import relayed_redis
 from tests.support.restartable import RestartableProxy
 from tests.support.topics import delete_and_create_again, new_topic
@@ -540,6 +540,40 @@ def test_a_restart_ignores_the_snapshots_of_a_topic_since_created_again(
     assert any(
         "ignoring snapshots of an earlier topic" in line for line in restartable.log_events()
     )
+
+
+# -------------------------------------------------------------------------- past the wrap
+
+
+def test_a_kafka_producer_past_the_wrap_of_its_sequences_loses_nothing_over_a_crash(
+    restartable: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """Kafka numbers an idempotent producer's records to a partition with int32 sequences
+    that wrap from 2^31-1 to 0. Such a producer's batches around the wrap, sent by hand
+    (Kafka sees the proxy's own producer id and sequences): before, the records after the
+    wrap were dropped as duplicates of the first ones."""
+    wrap, topic = 1 << 31, new_topic(local_env.bootstrap)
+    restartable.start()
+
+    def send(base: int, count: int) -> Any:
+        assert restartable.process is not None
+        unwrapped = base if base >= wrap - 4 else wrap + base
+        batch = idempotent_batch(
+            [f"k{unwrapped - wrap + i}".encode() for i in range(count)], 4242, 3, base
+        )
+        return produce_raw(restartable.process, produce_request(topic, {0: batch}))
+
+    assert [send(b, c).base_offset for b, c in ((wrap - 4, 2), (wrap - 2, 4), (2, 2))] == [
+        0,
+        2,
+        6,
+    ]
+    restartable.kill()  # the restart knows the producer only from the log
+    restartable.start()
+    retried = send(2, 2)
+    assert (retried.error_code, retried.base_offset) == (0, -1), "a retry: a duplicate"
+    assert send(4, 2).error_code == 0
+    assert values(local_env.bootstrap, topic) == [f"k{i}".encode() for i in range(-4, 6)]
 
 
 def test_operations_from_the_shell(restartable: RestartableProxy, local_env: EnvInfo) -> None:

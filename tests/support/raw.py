@@ -32,16 +32,20 @@ MAX_FRAME_BYTES = 8 * 1024 * 1024
 NOT_LEADER_OR_FOLLOWER = 6
 
 
-def record_batch(records: Sequence[tuple[bytes, Headers]]) -> bytes:
-    """One plain (non-idempotent, uncompressed) batch of (value, headers) records."""
+def record_batch(
+    records: Sequence[tuple[bytes, Headers]], producer: tuple[int, int, int] = (-1, -1, -1)
+) -> bytes:
+    """One uncompressed batch of (value, headers) records; plain, or with `producer`'s id,
+    epoch and base sequence, a Kafka idempotent producer's."""
+    producer_id, producer_epoch, base_sequence = producer
     now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
     batch = io.BytesIO()
     write_new_batch(
         batch,
         NewRecordBatch(
-            producer_id=i64(-1),
-            producer_epoch=i16(-1),
-            base_sequence=i32(-1),
+            producer_id=i64(producer_id),
+            producer_epoch=i16(producer_epoch),
+            base_sequence=i32(base_sequence),
             attributes=i16(0),
             records=tuple(
                 Record(
@@ -108,6 +112,13 @@ def identity_batch(identities: Sequence[tuple[bytes, bytes]], value_size: int = 
             for producer, sequence in identities
         ]
     )
+
+
+def idempotent_batch(
+    values: Sequence[bytes], producer_id: int, producer_epoch: int, base_sequence: int
+) -> bytes:
+    """A Kafka idempotent producer's batch, no headers: implicit identities."""
+    return record_batch([(v, []) for v in values], (producer_id, producer_epoch, base_sequence))
 
 
 def explicit_batch(identities: Sequence[tuple[str, int]], value_size: int = 0) -> bytes:

@@ -1130,6 +1130,30 @@ def kafka_batch(
     )
 
 
+async def test_a_kafka_producer_goes_on_past_the_wrap_of_its_sequences() -> None:
+    """Kafka's sequences wrap from 2^31-1 to 0 (2^31 records per producer session). Before,
+    the records after the wrap read as duplicates of the first ones: dropped, lost."""
+    producer, wrap = "kafka-pid-40-1", 1 << 31
+    async with running() as rig:
+        first = await rig.send((P0, kafka_batch(wrap - 4, 2)))
+        across = await rig.send((P0, kafka_batch(wrap - 2, 4)))  # Kafka's M-2, M-1, 0, 1
+        after = await rig.send((P0, kafka_batch(2, 2)))
+        assert [a[P0] for a in (first, across, after)] == [
+            PartitionAnswer(base_offset=0),
+            PartitionAnswer(base_offset=2),
+            PartitionAnswer(base_offset=6),
+        ]
+        assert rig.writer.log[P0] == in_order(producer, range(wrap - 4, wrap + 4))
+        retried = await rig.send((P0, kafka_batch(2, 2)))
+        assert retried[P0] == PartitionAnswer(base_offset=-1), "a retry is still a duplicate"
+        # A new owner knows where the producer is from the log's headers: here, the
+        # partition is let go of (what this owner knew of it forgotten) and taken again.
+        rig.scheduler.forget(P0)
+        assert (await rig.send((P0, kafka_batch(4, 2))))[P0] == PartitionAnswer(base_offset=8)
+        assert (await rig.send((P0, kafka_batch(2, 2))))[P0] == PartitionAnswer(base_offset=-1)
+        assert rig.writer.log[P0] == in_order(producer, range(wrap - 4, wrap + 6))
+
+
 async def test_a_kafka_producers_request_sent_behind_a_refused_one_waits_for_its_retry() -> None:
     """What the proxy's ordering cannot see otherwise (the README's "A retry answer and a
     request that arrives after it was decided"): a Kafka idempotent producer's request that
