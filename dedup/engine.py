@@ -696,12 +696,21 @@ class DedupEngine:
 
     @staticmethod
     def _drop_duplicates(item: _Work, statuses: Sequence[Status]) -> None:
-        each = iter(statuses)  # one per record with identity, in batch order
+        at = 0  # statuses: one per record with identity, in batch order
         for b, batch in enumerate(item.batches):
+            if batch.run is not None:  # every record has one: none of them decoded
+                keep = [status is not Status.DUP for status in statuses[at : at + batch.run.count]]
+                item.keep[b] = keep
+                item.dropped += len(keep) - sum(keep)
+                at += len(keep)
+                continue
             for r, record in enumerate(batch.records):
-                if record.identity is not None and next(each) is Status.DUP:
+                if record.identity is None:
+                    continue
+                if statuses[at] is Status.DUP:
                     item.keep[b][r] = False
                     item.dropped += 1
+                at += 1
 
     def _refuse_bad_record(self, item: _Work, why: str, index: int, rule: str) -> None:
         """A record broke a rule the check knows (the chunk rule, `dedup.chunks.accept_chunk`,
@@ -802,6 +811,8 @@ class DedupEngine:
                 batch.records
                 if all(keep)
                 else [r for r, k in zip(batch.records, keep, strict=True) if k]
+                if any(keep)
+                else []  # every record a duplicate (a blind re-send): none decoded
                 for batch, keep in zip(item.batches, item.keep, strict=True)
             ]
             count = item.kept = sum(len(records) for records in kept)

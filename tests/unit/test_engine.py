@@ -655,6 +655,16 @@ async def test_a_batch_of_new_records_is_written_as_the_client_sent_it_restamped
         assert [r.value for r in batch.records] == [b"v0", b"v1", b"v2"]
 
 
+async def test_a_batch_of_duplicates_only_is_answered_without_decoding_its_records() -> None:
+    """A blind re-send (a producer restarted): the check's verdicts say it all."""
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
+        with mock.patch.object(LazyRecords, "_loaded", side_effect=AssertionError("decoded")):
+            again = await rig.send((P0, records("p", [0, 1, 2])))
+        assert again[P0] == PartitionAnswer(base_offset=-1)
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+
+
 async def test_a_batch_with_duplicates_or_implicit_identities_is_rebuilt() -> None:
     implicit = IncomingRecord(0, NOW_MS, None, b"i", (), None)
     idempotent = build_batch(
