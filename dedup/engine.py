@@ -331,12 +331,19 @@ class DedupEngine:
         A partition recovered here whose topic has since been deleted and created again is
         recovered anew first: a state read (a producer's last sequence id, from which it
         resumes) must answer for the topic as it is."""
-        await self._confirm_topics(partitions)
+        await self.confirm_topics(partitions)
         return await self._recoveries.ensure_recovered(partitions, timeout_s)
 
-    async def _confirm_topics(self, partitions: list[Key]) -> None:
+    async def confirm_topics(self, partitions: list[Key] | None = None) -> None:
+        """The partitions recovered here (all of them by default) whose topic now has
+        another id, deleted and created again since, are recovered anew: their state, and
+        Redis's copy that other instances read, become the new topic's. A topic that does
+        not exist (deleted, not created again yet) is left as it is. Raises OSError or
+        TimeoutError when Kafka does not answer."""
         if self._topic_ids is None:
             return
+        if partitions is None:
+            partitions = list(self._partitions)
         for topic in sorted({topic for topic, _ in partitions}):
             recovered = [
                 (key, state)
@@ -351,11 +358,10 @@ class DedupEngine:
             try:
                 current = await self._topic_ids.of(topic)
             except UnknownTopic:
-                current = None
+                continue
             for key, state in recovered:
-                if state.topic_id != current:
-                    metrics.TOPIC_RECREATED.inc()
-                    self._recoveries.request(key, "the topic was deleted and created again")
+                if current is not None and state.topic_id != current:
+                    self._topic_gone(key, "deleted and created again")
 
     async def wait_recovered(self, partitions: list[Key], timeout_s: float) -> bool:
         """Whether every one of these partitions is recovered within the timeout."""
@@ -669,7 +675,7 @@ class DedupEngine:
         try:
             current = await self._topic_ids.of(item.topic, broker)
         except UnknownTopic as exc:
-            self._topic_gone(item, "deleted")
+            self._topic_gone(item.key, "deleted")
             self._refuse(
                 item, PartitionAnswer(ErrorCode.unknown_topic_or_partition, error_message=str(exc))
             )
@@ -680,19 +686,19 @@ class DedupEngine:
             return False
         if current is None or current == expected:
             return True
-        self._topic_gone(item, "deleted and created again")
+        self._topic_gone(item.key, "deleted and created again")
         self._refuse(item, _recovering())
         return False
 
-    def _topic_gone(self, item: _Work, how: str) -> None:
+    def _topic_gone(self, key: Key, how: str) -> None:
         metrics.TOPIC_RECREATED.inc()
         log.warning(
             f"the topic was {how}: rebuilding the partition's dedup state from its log",
-            topic=item.topic,
-            partition=item.partition,
-            topic_id=self._state_of(item).topic_id,
+            topic=key[0],
+            partition=key[1],
+            topic_id=self._partitions.of(key).topic_id,
         )
-        self._recoveries.request(item.key, f"the topic was {how}")
+        self._recoveries.request(key, f"the topic was {how}")
 
     @staticmethod
     def _drop_duplicates(item: _Work, statuses: Sequence[Status]) -> None:

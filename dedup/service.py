@@ -228,6 +228,7 @@ class DedupService:
             asyncio.create_task(self._purge_loop(), name="purge-idle-producers"),
             asyncio.create_task(self._policy_watch(), name="policy-watch"),
             asyncio.create_task(self._prepare(), name="prepare-dedup"),
+            asyncio.create_task(self._topic_watch(), name="topic-watch"),
         ]
         self.snapshotter.start()
 
@@ -342,6 +343,18 @@ class DedupService:
                 self.engine.note_policies(await self.policies.snapshot())
             except redis.RedisError as exc:  # not read yet: the next pass tries again
                 log.warning("policies could not be read", error=str(exc))
+
+    async def _topic_watch(self) -> None:
+        """Topics deleted and created again while no request of theirs dropped records
+        (`DedupEngine.confirm_topics`): without this, an idle partition's state, and the
+        copy in Redis that other instances answer state reads from, would stay the old
+        topic's until then."""
+        while True:
+            await asyncio.sleep(self.settings.topic_id_check_s)
+            try:
+                await self.engine.confirm_topics()
+            except (OSError, TimeoutError) as exc:
+                log.warning("could not ask Kafka for topic ids", error=repr(exc))
 
     async def _purge_loop(self) -> None:
         idle_ms = int(self.settings.producer_idle_timeout_s * 1000)

@@ -132,6 +132,13 @@ class DedupSettings(BaseSettings):
     snapshot_topic_partitions: int = Field(default=1, gt=0)
     snapshot_every_records: int = Field(default=1000, gt=0)
     snapshot_every_s: float = Field(default=120.0, gt=0)
+    topic_id_check_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="how often the owner asks Kafka the ids of the topics it holds "
+        "partitions of: a topic deleted and created again is rebuilt from its new log by "
+        "then even if no request of it drops records",
+    )
     max_producers_per_snapshot: int = Field(default=10_000, gt=0)
     ambiguous_write_give_up_s: float = Field(
         default=120.0,

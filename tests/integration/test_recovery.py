@@ -519,6 +519,32 @@ def test_a_topic_created_again_under_a_running_proxy_takes_every_record(
     assert any("deleted and created again" in line for line in restartable.log_events())
 
 
+def test_an_idle_partition_of_a_topic_created_again_is_rebuilt_without_a_request(
+    local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """The owner's watch (`topic_id_check_s`): no request of the new topic ever drops a
+    record here, yet the state (and Redis's copy, which other instances read) becomes the
+    new topic's."""
+    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_TOPIC_ID_CHECK_S="0.5")
+    try:
+        topic = new_topic(local_env.bootstrap)
+        blind_resend(restartable.start(), topic, "p-idle", range(10))
+        delete_and_create_again(local_env.bootstrap, topic)
+        wait_until(
+            lambda: len(recoveries(restartable, topic=topic)) == 2,
+            30,
+            lambda: f"a second recovery of {topic}: {recoveries(restartable, topic=topic)}",
+        )
+        first, second = recoveries(restartable, topic=topic)
+        assert '"producers": 0' in first and '"producers": 0' in second, second
+        assert any(
+            "deleted and created again" in line and topic in line
+            for line in restartable.log_events()
+        )
+    finally:
+        restartable.stop()
+
+
 def test_a_restart_ignores_the_snapshots_of_a_topic_since_created_again(
     rare_snapshots: RestartableProxy, local_env: EnvInfo
 ) -> None:

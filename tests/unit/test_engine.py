@@ -1673,6 +1673,22 @@ async def test_a_state_read_after_the_topic_was_created_again_is_of_the_new_topi
         assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=0)
 
 
+async def test_the_owner_finds_a_topic_created_again_without_any_request() -> None:
+    """The service's watch (`confirm_topics`, every topic_id_check_s): an idle partition's
+    state, and Redis's copy other instances read, become the new topic's."""
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
+        assert ok((await rig.send((("other", 0), records("p", [0]))))[("other", 0)])
+        await rig.engine.confirm_topics()
+        assert rig.recovery.calls == [[P0], [("other", 0)]], "the same topics: nothing to do"
+        rig.topic_ids.ids["other"] = None  # deleted, not created again: left as it is
+        recreate(rig, P0[0])
+        await rig.engine.confirm_topics()
+        assert await rig.engine.wait_recovered([P0], 2)
+        assert rig.recovery.calls[2:] == [[P0]]
+        assert rig.engine.partition_states()[P0].topic_id == rig.topic_ids.ids[P0[0]]
+
+
 async def test_a_deleted_topic_is_answered_unknown_and_rebuilt_once_it_is_back() -> None:
     async with running(retry_s=(0.01, 0.01)) as rig:
         assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
