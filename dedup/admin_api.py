@@ -51,6 +51,7 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
         keys = [(topic, partition) for partition in partitions]
         try:
             ready = await service.engine.ensure_recovered(keys, RECOVERY_WAIT_S)
+            current = ready and await service.copies_are_current(topic, partitions)
         except (OSError, TimeoutError) as exc:  # the topic's id could not be asked
             raise web.HTTPServiceUnavailable(
                 text=f"{topic}: Kafka did not confirm the topic ({exc!r}); retry"
@@ -58,6 +59,12 @@ def add_dedup_routes(app: web.Application, service: DedupService) -> None:
         if not ready:
             raise web.HTTPServiceUnavailable(
                 text=f"{topic} is still recovering its dedup state; retry"
+            )
+        if not current:
+            raise web.HTTPServiceUnavailable(
+                text=f"{topic} was deleted and created again: the instance that owns its "
+                "partition has not rebuilt their dedup state yet (it does within "
+                f"topic_id_check_s, {service.settings.topic_id_check_s:g} s); retry"
             )
 
     async def last_sequence(request: web.Request) -> web.Response:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -48,7 +47,7 @@ from dedup.ownership.leases import UNKNOWN, Held, Lease, PartitionLeases
 from dedup.replay import ReplayResult, replay_partition
 from dedup.snapshots import Snapshot, SnapshotStore, StoredSnapshots
 from dedup.state import DedupState, RecoveredState, clock_ms
-from dedup.topic_ids import TopicIds, UnknownTopic
+from dedup.topic_ids import TopicIds, UnknownTopic, recovery_token
 from dedup.writer import IdempotentWriter
 
 log = structlog.get_logger(__name__)
@@ -264,7 +263,7 @@ class Recovery:
                 log_start=replayed.start,
             )
         producers, chunks = self._merge(snapshot, replayed)
-        token = f"{lease.owner}.{lease.epoch}.{uuid.uuid4().hex}"
+        token = recovery_token(f"{lease.owner}.{lease.epoch}", topic_id)
         loaded = await self._state.load_recovered(
             topic, partition, producers, token, clock_ms(), chunks, lease.text
         )

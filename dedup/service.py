@@ -31,7 +31,7 @@ from dedup.settings import DedupSettings
 from dedup.snapshots import SnapshotError, SnapshotStore
 from dedup.snapshotter import SnapshotPolicy, Snapshotter
 from dedup.state import DedupState, ProducerState, clock_ms
-from dedup.topic_ids import TopicIds
+from dedup.topic_ids import TopicIds, UnknownTopic, topic_id_of
 from dedup.writer import IdempotentWriter, LeaderLookup
 from proxy.kafka.topology import Endpoint
 from proxy.runtime.security import UpstreamSecurity
@@ -135,7 +135,7 @@ class DedupService:
             kafka_config=kafka_config,
         )
         headers = IdentityHeaders(settings.dedup_producer_header, settings.dedup_sequence_header)
-        topic_ids = TopicIds(self.links.get, upstream.known_upstreams)
+        self.topic_ids = topic_ids = TopicIds(self.links.get, upstream.known_upstreams)
         self.recoveries = RecoveryScheduler(
             Recovery(
                 self.writer,
@@ -285,6 +285,28 @@ class DedupService:
             found = maps.producers().get(producer)
             return -1 if found is None or found.persisted is None else found.persisted
         return await self.state.last_sequence(topic, partition, producer)
+
+    async def copies_are_current(self, topic: str, partitions: Sequence[int]) -> bool:
+        """Whether Redis's copy of each of these partitions that another instance owns is of
+        the topic as it is now: its recovery token names the topic's id (`dedup.topic_ids`).
+        Deleted and created again, the topic is rebuilt by its owner within
+        `topic_id_check_s`; until then a state read would answer for the old topic. Raises
+        OSError or TimeoutError when Kafka does not answer."""
+        states = self.engine.partition_states()
+        elsewhere = [
+            p for p in partitions if (s := states.get((topic, p))) is None or not s.recovered
+        ]
+        if not elsewhere:
+            return True
+        recorded = {topic_id_of(t) for t in await self.state.tokens(topic, elsewhere) if t}
+        recorded.discard(None)
+        if not recorded:
+            return True
+        try:
+            current = await self.topic_ids.of(topic)
+        except UnknownTopic:  # deleted, not created again: left as it is, as by its owner
+            return True
+        return current is None or recorded == {current}
 
     async def producers(self, topic: str, partition: int) -> dict[str, ProducerState]:
         """Every producer the partition tracks: from the maps kept here when this instance

@@ -60,6 +60,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 
 from dedup.chunks import ChunkProgress
 from dedup.identity import INT64_MAX, INT64_MIN
+from dedup.topic_ids import TOPIC_ID
 
 log = structlog.get_logger(__name__)
 
@@ -74,7 +75,6 @@ _FIELDS: Final = frozenset(
 )
 # Not in snapshots written before topic ids were recorded; read as None.
 _OPTIONAL_FIELDS: Final = frozenset(("topic_id",))
-_TOPIC_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _SHOW: Final = 60  # characters of a bad value shown in an error message
 _KEY_ROOM: Final = 1024  # the record key next to a value of MAX_SNAPSHOT_BYTES
 _GRACE_S: Final = 5.0  # past Kafka's own timeouts, for their answer to arrive
@@ -210,7 +210,7 @@ class Snapshot:
     def __post_init__(self) -> None:
         check_topic_name(self.topic)
         if self.topic_id is not None and (
-            not isinstance(self.topic_id, str) or not _TOPIC_ID.fullmatch(self.topic_id)
+            not isinstance(self.topic_id, str) or not TOPIC_ID.fullmatch(self.topic_id)
         ):
             raise ValueError(f"topic_id is not a lower-case UUID: {_show(self.topic_id)}")
         _check_int("partition", self.partition, 0, _INT32_MAX)

@@ -527,6 +527,14 @@ class DedupState:
         (value,) = await pipe.execute()
         return -1 if value is None else int(value)
 
+    async def tokens(self, topic: str, partitions: Sequence[int]) -> list[str | None]:
+        """Each partition's recovery token (None: no state), as its owner loaded it."""
+        pipe = self._redis.pipeline(transaction=False)
+        for partition in partitions:
+            pipe.get(self._keys(topic, partition)[3])
+        found = await pipe.execute()
+        return [None if value is None else _text(value).split(" ")[0] for value in found]
+
     async def producers(self, topic: str, partition: int) -> dict[str, ProducerState]:
         """Every producer the partition tracks, with its pushed, persisted and last seen."""
         pushed_key, persisted_key, seen_key, _, pushed_chunk_key, persisted_chunk_key, _ = (

@@ -21,9 +21,10 @@ asked.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
@@ -34,6 +35,21 @@ from proxy.kafka.topology import Endpoint
 
 # Its own connection to each broker, apart from the writer's lanes (0, 1, ...).
 METADATA_LANE = -1
+# A topic id as this module gives it: the UUID's text.
+TOPIC_ID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def recovery_token(owner_epoch: str, topic_id: str | None) -> str:
+    """A partition's recovery token (`dedup.recovery`: unique per recovery) naming, last,
+    the id of the topic the state was rebuilt from: an instance that reads Redis's copy of
+    a partition it does not own can tell which topic the copy is of (`topic_id_of`)."""
+    return f"{owner_epoch}.{uuid.uuid4().hex}.{topic_id or 'unknown'}"
+
+
+def topic_id_of(token: str) -> str | None:
+    """The topic id a recovery token names; None for none (or a token of an older proxy)."""
+    last = token.rsplit(".", 1)[-1]
+    return last if TOPIC_ID.fullmatch(last) else None
 
 
 class UnknownTopic(LookupError):

@@ -14,6 +14,7 @@ import random
 import signal
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections import defaultdict
@@ -35,7 +36,7 @@ from tests.support.load import SequencedProducer
 from tests.support.ports import INSTANCES
 from tests.support.proxy_api import metric_total
 from tests.support.restartable import RestartableProxy
-from tests.support.topics import new_topic
+from tests.support.topics import delete_and_create_again, new_topic
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -198,6 +199,36 @@ def test_instances_split_the_partitions_and_clients_reach_each_owner(
     assert held[0] | held[1] == {f"{topic}/{p}" for p in range(8)}
     assert group.metric('dedup_recoveries_total{result="ok"}') == 8, "one recovery each"
     assert group.metric('dedup_lease_events_total{event="taken_over"}') == 0
+
+
+# -------------------------------------------------------------------------- a topic created again
+
+
+def test_no_instance_answers_a_state_read_for_the_topic_before_it_was_created_again(
+    group_factory: Any, local_env: EnvInfo
+) -> None:
+    """A producer resumes from its last sequence id, asked of any instance: the one that
+    does not own the partition answers from Redis's copy, which is the old topic's until
+    the owner rebuilds it (here the owner's watch is slowed to an hour)."""
+    group = group_factory(2, DEDUP_PROXY_TOPIC_ID_CHECK_S="3600")
+    topic = new_topic(local_env.bootstrap)
+    send_all(group.proxy(0).bootstrap, topic, "p-read", range(10))
+    owner = group.holder(topic, 0)
+    path = f"/v1/topics/{topic}/partitions/0/producers/p-read"
+
+    def read(i: int) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(group.proxy(i).admin_url + path, timeout=90) as r:
+                return r.status, json.load(r)["last_sequence_id"]
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    assert read(1 - owner) == (200, 9)
+    delete_and_create_again(local_env.bootstrap, topic)
+    status, why = read(1 - owner)
+    assert status == 503 and "deleted and created again" in why, why
+    assert read(owner) == (200, -1), "the owner rebuilds the partition as it reads it"
+    assert read(1 - owner) == (200, -1), "and Redis's copy is the new topic's"
 
 
 # ----------------------------------------------------------------------------- failover

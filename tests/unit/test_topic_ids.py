@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
-from dedup.topic_ids import METADATA_LANE, TopicIds, UnknownTopic
+from dedup.topic_ids import (
+    METADATA_LANE,
+    TopicIds,
+    UnknownTopic,
+    recovery_token,
+    topic_id_of,
+)
 from proxy.kafka.topology import Endpoint
 
 A, B = Endpoint("a", 9092), Endpoint("b", 9092)
@@ -89,3 +95,12 @@ def test_what_each_answer_means(reply: Any, expected: type[Exception] | None) ->
     else:
         with pytest.raises(expected):
             asyncio.run(ids_of(links).of("orders", A))
+
+
+def test_a_recovery_token_names_the_topic_id_last() -> None:
+    """Instance ids may hold dots: the id is read from the right."""
+    token = recovery_token("inst.a-1.7", str(TOPIC_ID))
+    assert token.startswith("inst.a-1.7.") and token != recovery_token("inst.a-1.7", None)
+    assert topic_id_of(token) == str(TOPIC_ID)
+    assert topic_id_of(recovery_token("inst.a-1.7", None)) is None
+    assert topic_id_of("inst-1.7.0123456789abcdef0123456789abcdef") is None, "an older token"
