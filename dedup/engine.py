@@ -342,26 +342,20 @@ class DedupEngine:
         TimeoutError when Kafka does not answer."""
         if self._topic_ids is None:
             return
-        if partitions is None:
-            partitions = list(self._partitions)
-        for topic in sorted({topic for topic, _ in partitions}):
-            recovered = [
-                (key, state)
-                for key in partitions
-                if key[0] == topic
-                and (state := self._partitions.get(key)) is not None
-                and state.recovered
-                and state.topic_id is not None
-            ]
-            if not recovered:
-                continue
-            try:
-                current = await self._topic_ids.of(topic)
-            except UnknownTopic:
-                continue
-            for key, state in recovered:
-                if current is not None and state.topic_id != current:
-                    self._topic_gone(key, "deleted and created again")
+        recovered = [
+            (key, state)
+            for key in (list(self._partitions) if partitions is None else partitions)
+            if (state := self._partitions.get(key)) is not None
+            and state.recovered
+            and state.topic_id is not None
+        ]
+        if not recovered:
+            return
+        current = await self._topic_ids.of_each(sorted({key[0] for key, _ in recovered}))
+        for key, state in recovered:
+            topic_id = current.get(key[0])  # None: deleted (left as it is), or no ids
+            if topic_id is not None and state.topic_id != topic_id:
+                self._topic_gone(key, "deleted and created again")
 
     async def wait_recovered(self, partitions: list[Key], timeout_s: float) -> bool:
         """Whether every one of these partitions is recovered within the timeout."""

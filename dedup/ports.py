@@ -67,6 +67,8 @@ class TopicIdLookup(Protocol):
 
     async def of(self, topic: str, broker: Endpoint | None = None) -> str | None: ...
 
+    async def of_each(self, topics: Sequence[str]) -> dict[str, str | None]: ...
+
 
 class Policies(Protocol):
     """The dedup mode of every topic (`dedup.policies.PolicyStore`)."""

@@ -75,8 +75,23 @@ class TopicIds:
         """The topic's id now, asked of ``broker`` (else of the brokers known, in turn); None
         when the cluster gives topics no id (a ZooKeeper cluster older than Kafka 2.8).
         Raises `UnknownTopic`, and OSError or TimeoutError when no broker answered."""
+        found = (await self._ask([topic], broker))[topic]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    async def of_each(self, topics: Sequence[str]) -> dict[str, str | None]:
+        """Each topic's id now, in one request (`of`); a topic the cluster gives no answer
+        for (deleted, not authorized) is left out. Raises OSError or TimeoutError when no
+        broker answered."""
+        found = await self._ask(topics, None)
+        return {t: topic_id for t, topic_id in found.items() if not isinstance(topic_id, Exception)}
+
+    async def _ask(
+        self, topics: Sequence[str], broker: Endpoint | None
+    ) -> dict[str, str | Exception | None]:
         request = MetadataRequest(
-            topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
+            topics=tuple(MetadataRequestTopic(topic_id=None, name=TopicName(t)) for t in topics),
             allow_auto_topic_creation=False,
             include_topic_authorized_operations=False,
         )
@@ -90,8 +105,15 @@ class TopicIds:
             except (OSError, TimeoutError) as exc:
                 error = exc
                 continue
-            return _topic_id(response, topic)
+            return {topic: _answer(response, topic) for topic in topics}
         raise error
+
+
+def _answer(response: Any, topic: str) -> str | Exception | None:
+    try:
+        return _topic_id(response, topic)
+    except (UnknownTopic, OSError) as exc:
+        return exc
 
 
 def _topic_id(response: Any, topic: str) -> str | None:

@@ -56,3 +56,23 @@ def test_the_id_is_kafkas_and_changes_when_the_topic_is_created_again(
 def test_a_missing_topic_is_unknown(local_env: EnvInfo) -> None:
     with pytest.raises(UnknownTopic, match="does not exist"):
         asyncio.run(ask(local_env.bootstrap, "no-such-topic-anywhere", of_broker=True))
+
+
+def test_several_topics_in_one_request_a_missing_one_left_out(local_env: EnvInfo) -> None:
+    first, second = new_topic(local_env.bootstrap), new_topic(local_env.bootstrap)
+    host, port = local_env.bootstrap.rsplit(":", 1)
+    broker = Endpoint(host, int(port))
+
+    async def ask_each() -> dict[str, str | None]:
+        links = UpstreamLinks(10.0)
+        try:
+            return await TopicIds(links.get, lambda: [broker]).of_each(
+                [first, "no-such-topic-anywhere", second]
+            )
+        finally:
+            await links.close()
+
+    assert asyncio.run(ask_each()) == {
+        first: kafka_says(local_env.bootstrap, first),
+        second: kafka_says(local_env.bootstrap, second),
+    }

@@ -433,6 +433,13 @@ class FakeTopicIds:
             raise UnknownTopic(f"topic {topic} does not exist")
         return found
 
+    async def of_each(self, topics: Sequence[str]) -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for topic in topics:
+            with contextlib.suppress(UnknownTopic):
+                found[topic] = await self.of(topic)
+        return found
+
     def recreate(self, topic: str) -> None:
         self.ids[topic] = f"00000000-0000-0000-0000-{next(self._serial):012d}"
 
