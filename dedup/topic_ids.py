@@ -72,8 +72,10 @@ class TopicIds:
         self._known_upstreams = known_upstreams
 
     async def of(self, topic: str, broker: Endpoint | None = None) -> str | None:
-        """The topic's id now, asked of ``broker`` (else of the brokers known, in turn); None
-        when the cluster gives topics no id (a ZooKeeper cluster older than Kafka 2.8).
+        """The topic's id now, asked of ``broker`` first (the partition's leader: the broker
+        the client wrote to), then of the other brokers known, in turn (a leader that went
+        away); None when the cluster gives topics no id (a ZooKeeper cluster older than
+        Kafka 2.8).
         Raises `UnknownTopic`, and OSError or TimeoutError when no broker answered."""
         found = (await self._ask([topic], broker))[topic]
         if isinstance(found, Exception):
@@ -95,7 +97,8 @@ class TopicIds:
             allow_auto_topic_creation=False,
             include_topic_authorized_operations=False,
         )
-        endpoints = [broker] if broker is not None else list(self._known_upstreams())
+        known = [endpoint for endpoint in self._known_upstreams() if endpoint != broker]
+        endpoints = known if broker is None else [broker, *known]
         error: Exception = OSError("no upstream broker known")
         for endpoint in endpoints:
             metrics.TOPIC_ID_LOOKUPS.inc()

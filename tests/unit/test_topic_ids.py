@@ -58,12 +58,18 @@ def ids_of(links: FakeLinks) -> TopicIds:
 
 
 def test_the_id_is_asked_of_the_broker_named_on_a_lane_of_its_own() -> None:
-    links = FakeLinks({A: answer(), B: OSError("not asked")})
-    assert asyncio.run(ids_of(links).of("orders", A)) == str(TOPIC_ID)
+    links = FakeLinks({A: OSError("not asked"), B: answer()})
+    assert asyncio.run(ids_of(links).of("orders", B)) == str(TOPIC_ID)
     [(endpoint, lane, request)] = links.asked
-    assert (endpoint, lane) == (A, METADATA_LANE)
+    assert (endpoint, lane) == (B, METADATA_LANE)
     assert [str(t.name) for t in request.topics] == ["orders"]
     assert request.allow_auto_topic_creation is False, "asking must not create the topic"
+
+
+def test_a_broker_named_that_does_not_answer_is_followed_by_the_others() -> None:
+    links = FakeLinks({A: answer(), B: ConnectionRefusedError("gone")})
+    assert asyncio.run(ids_of(links).of("orders", B)) == str(TOPIC_ID)
+    assert [endpoint for endpoint, _, _ in links.asked] == [B, A]
 
 
 def test_without_a_broker_the_known_ones_are_asked_in_turn() -> None:
