@@ -124,8 +124,17 @@ def test_dedup_holds_through_a_kill_of_the_environments_proxy(
         if error is not None:
             errors.append(str(error))
 
+    def acknowledged(count: int) -> bool:
+        producer.poll(0.05)
+        return delivered >= count
+
     killed = False
     for n in range(TOTAL):
+        if n == TOTAL // 4 and not killed:
+            # The kill must land mid-stream. The partition's first write waits for its
+            # recovery and the proxy's first InitProducerId (which on a fresh cluster
+            # creates Kafka's transaction log): on a busy box, longer than sending it all.
+            wait_until(lambda: acknowledged(100), 120, "the first 100 records acknowledged")
         producer.send(topic, str(n).encode(), sequence_id=n, on_delivery=on_delivery)
         if n % 20 == 0:
             producer.poll(0.02)
