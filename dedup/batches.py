@@ -326,6 +326,17 @@ class IncomingBatch:
     run: BatchRun | None = field(default=None, compare=False)
 
 
+def kafka_sequenced(batch: IncomingBatch) -> bool:
+    """The batch carries Kafka's own sequences: an idempotent producer's, outside a
+    transaction, and not a control batch."""
+    return (
+        batch.producer_id >= 0
+        and batch.producer_epoch >= 0
+        and batch.base_sequence >= 0
+        and not (batch.transactional or batch.control)
+    )
+
+
 def implicit_producer(producer_id: int, producer_epoch: int) -> str:
     return f"{IMPLICIT_PRODUCER_PREFIX}{producer_id}-{producer_epoch}"
 

@@ -33,6 +33,7 @@ from dedup.batches import (
     IncomingRecord,
     LazyRecords,
     implicit_producer,
+    kafka_sequenced,
 )
 
 _NEAR = 1 << 30  # half the wrap: how far from the last known a sequence may lie
@@ -73,7 +74,7 @@ class Wraps:
         none of them (the usual case: every producer below 2^31)."""
         changed: list[IncomingBatch] | None = None
         for index, batch in enumerate(batches):
-            if not _implicitly_sequenced(batch):
+            if not (batch.implicit_identities and kafka_sequenced(batch)):
                 continue
             if not self._last and batch.base_sequence + len(batch.records) <= _NEAR:
                 continue  # the usual batch: a producer far below the wrap
@@ -94,16 +95,6 @@ class Wraps:
             self._last.clear()
         for name in producers or ():
             self._last.pop(name, None)
-
-
-def _implicitly_sequenced(batch: IncomingBatch) -> bool:
-    return (
-        batch.implicit_identities
-        and batch.producer_id >= 0
-        and batch.producer_epoch >= 0
-        and batch.base_sequence >= 0
-        and not (batch.transactional or batch.control)
-    )
 
 
 def _unwrapped(batch: IncomingBatch, producer: str, first: int) -> IncomingBatch:

@@ -47,7 +47,7 @@ from dedup.ownership.leases import UNKNOWN, Held, Lease, PartitionLeases
 from dedup.replay import ReplayResult, replay_partition
 from dedup.snapshots import Snapshot, SnapshotStore, StoredSnapshots
 from dedup.state import DedupState, RecoveredState, clock_ms
-from dedup.topic_ids import TopicIds, UnknownTopic, recovery_token
+from dedup.topic_ids import TopicIds, recovery_token
 from dedup.writer import IdempotentWriter
 
 log = structlog.get_logger(__name__)
@@ -194,13 +194,15 @@ class Recovery:
         """Each topic's id, asked before its log is read: a topic created again after this
         leaves the state bound to the old id, which the engine finds out (`dedup.topic_ids`).
         Asked after, a state rebuilt from the old log could be bound to the new id. A topic
-        that does not exist fails its partitions; no answer at all fails the batch."""
+        that does not exist, or is answered with an error, fails its partitions; no answer
+        at all fails the batch. One request for all the topics."""
+        answers = await self._topic_ids.answers(sorted({topic for topic, _ in keys}))
         ids: dict[str, str | None] = {}
-        for topic in sorted({topic for topic, _ in keys}):
-            try:
-                ids[topic] = await self._topic_ids.of(topic)
-            except UnknownTopic as exc:
-                failed.update((key, exc) for key in keys if key[0] == topic)
+        for topic, answer in answers.items():
+            if isinstance(answer, Exception):
+                failed.update((key, answer) for key in keys if key[0] == topic)
+            else:
+                ids[topic] = answer
         return ids
 
     async def _fence(self, suspects: dict[_Key, tuple[str, ...]]) -> None:

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from dedup.batches import IncomingBatch
+from dedup.batches import IncomingBatch, kafka_sequenced
 
 SEQUENCE_MODULUS = 1 << 31  # Kafka's sequences wrap there
 _AHEAD = 1 << 30  # a distance below this, modulo the wrap, is "ahead"; above, "behind"
@@ -46,8 +44,7 @@ def _ahead(sequence: int, of: int) -> bool:
 def _sequenced(batches: Iterable[IncomingBatch]) -> Iterable[tuple[_Producer, int, int]]:
     """(producer, first sequence, records) of each batch of an idempotent producer."""
     for batch in batches:
-        idempotent = batch.producer_id >= 0 and batch.producer_epoch >= 0
-        if idempotent and batch.base_sequence >= 0 and not (batch.transactional or batch.control):
+        if kafka_sequenced(batch):
             producer = (batch.producer_id, batch.producer_epoch)
             yield producer, batch.base_sequence, len(batch.records)
 

@@ -77,7 +77,7 @@ class TopicIds:
         away); None when the cluster gives topics no id (a ZooKeeper cluster older than
         Kafka 2.8).
         Raises `UnknownTopic`, and OSError or TimeoutError when no broker answered."""
-        found = (await self._ask([topic], broker))[topic]
+        found = (await self.answers([topic], broker))[topic]
         if isinstance(found, Exception):
             raise found
         return found
@@ -86,12 +86,15 @@ class TopicIds:
         """Each topic's id now, in one request (`of`); a topic the cluster gives no answer
         for (deleted, not authorized) is left out. Raises OSError or TimeoutError when no
         broker answered."""
-        found = await self._ask(topics, None)
+        found = await self.answers(topics)
         return {t: topic_id for t, topic_id in found.items() if not isinstance(topic_id, Exception)}
 
-    async def _ask(
-        self, topics: Sequence[str], broker: Endpoint | None
+    async def answers(
+        self, topics: Sequence[str], broker: Endpoint | None = None
     ) -> dict[str, str | Exception | None]:
+        """Each topic's answer now, in one request: its id, None (`of`), or the error it
+        was answered with (`UnknownTopic`, OSError). Raises OSError or TimeoutError when
+        no broker answered."""
         request = MetadataRequest(
             topics=tuple(MetadataRequestTopic(topic_id=None, name=TopicName(t)) for t in topics),
             allow_auto_topic_creation=False,

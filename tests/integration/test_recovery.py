@@ -9,6 +9,7 @@ order.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,15 @@ from tests.support.kafka_io import assert_exactly_once_in_order, values
 from tests.support.load import SequencedProducer
 from tests.support.ports import RECOVERY, REDIS_RELAY
 from tests.support.proxy_api import admin_call
-from tests.support.raw import explicit_batch, idempotent_batch, produce_raw, produce_request
+from tests.support.raw import (
+    NOT_LEADER_OR_FOLLOWER,
+    explicit_batch,
+    idempotent_batch,
+    produce_answers,
+    produce_raw,
+    produce_request,
+    produce_request_to,
+)
 from tests.support.relay import relayed_redis
 from tests.support.restartable import RestartableProxy
 from tests.support.topics import delete_and_create_again, new_topic
@@ -502,6 +511,35 @@ def test_a_late_write_of_the_killed_proxy_is_refused_after_the_restart(
 
 
 # -------------------------------------------------------------------------- a topic created again
+
+
+def test_a_topic_that_does_not_exist_fails_only_its_own_partitions(
+    restartable: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """One request to a topic and to a topic that does not exist (a client that skipped
+    Metadata, or a topic deleted under it): their partitions are recovered together, and
+    only the missing topic's fail, to be retried; the other's record is written."""
+    topic, missing = new_topic(local_env.bootstrap), f"never-created-{uuid.uuid4().hex[:8]}"
+    proxy = restartable.start()
+    request = produce_request_to(
+        {topic: {0: explicit_batch([("p", 0)])}, missing: {0: explicit_batch([("p", 0)])}}
+    )
+    answers: dict[tuple[str, int], Any] = {}
+
+    def recovered() -> bool:
+        answers.update(produce_answers(proxy, request))
+        return bool(answers[(topic, 0)].error_code != NOT_LEADER_OR_FOLLOWER)
+
+    wait_until(recovered, timeout_s=60, what="the existing topic's partition recovered")
+    assert answers[(topic, 0)].error_code == 0
+    assert answers[(missing, 0)].error_code != 0, "nothing is written to a missing topic"
+    failing = {
+        (p["topic"], p["partition"]): p["recovery_failing"]
+        for p in proxy_json(restartable, "/v1/snapshots")["partitions"]
+    }
+    assert failing[(topic, 0)] is None
+    assert "UnknownTopic" in failing[(missing, 0)]["last_error"]
+    assert len(values(local_env.bootstrap, topic)) == 1
 
 
 def test_a_topic_created_again_under_a_running_proxy_takes_every_record(

@@ -129,18 +129,26 @@ def produce_request(
     topic: str, batches: Mapping[int, bytes], acks: int = -1
 ) -> produce_v9.ProduceRequest:
     """A Produce v9 request writing ``batches[partition]`` to each partition of ``topic``."""
+    return produce_request_to({topic: batches}, acks)
+
+
+def produce_request_to(
+    topics: Mapping[str, Mapping[int, bytes]], acks: int = -1
+) -> produce_v9.ProduceRequest:
+    """A Produce v9 request writing ``topics[topic][partition]`` to each partition named."""
     return produce_v9.ProduceRequest(
         transactional_id=None,
         acks=i16(acks),
         timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topic_data=(
+        topic_data=tuple(
             produce_v9.TopicProduceData(
                 name=TopicName(topic),
                 partition_data=tuple(
                     produce_v9.PartitionProduceData(index=i32(partition), records=Records(data))
                     for partition, data in sorted(batches.items())
                 ),
-            ),
+            )
+            for topic, batches in topics.items()
         ),
     )
 
@@ -189,10 +197,21 @@ def produce_once(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any
 
 
 def _produce_once(proxy: ProxyProcess, request: produce_v9.ProduceRequest) -> Any:
+    return next(iter(produce_answers(proxy, request).values()))
+
+
+def produce_answers(
+    proxy: ProxyProcess, request: produce_v9.ProduceRequest
+) -> dict[tuple[str, int], Any]:
+    """Send one Produce request (no retry); each partition's answer, by (topic, partition)."""
     port = proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(encode_request(request, 1))
         frame = read_response(sock)
     response = decode_response_body(0, 9, frame, 5)  # v9: flexible header, no tagged fields
     assert isinstance(response, produce_v9_response.ProduceResponse)
-    return response.responses[0].partition_responses[0]
+    return {
+        (topic.name, answer.index): answer
+        for topic in response.responses
+        for answer in topic.partition_responses
+    }

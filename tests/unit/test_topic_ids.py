@@ -84,23 +84,33 @@ def test_no_broker_answering_raises_the_last_error() -> None:
         asyncio.run(ids_of(links).of("orders"))
 
 
+THREE_TOPICS = SimpleNamespace(
+    topics=[
+        SimpleNamespace(name="orders", error_code=ErrorCode(0), topic_id=TOPIC_ID),
+        SimpleNamespace(
+            name="gone", error_code=ErrorCode.unknown_topic_or_partition, topic_id=None
+        ),
+        SimpleNamespace(
+            name="secret", error_code=ErrorCode.topic_authorization_failed, topic_id=None
+        ),
+    ]
+)
+
+
 def test_each_topic_in_one_request_those_without_an_answer_left_out() -> None:
-    reply = SimpleNamespace(
-        topics=[
-            SimpleNamespace(name="orders", error_code=ErrorCode(0), topic_id=TOPIC_ID),
-            SimpleNamespace(
-                name="gone", error_code=ErrorCode.unknown_topic_or_partition, topic_id=None
-            ),
-            SimpleNamespace(
-                name="secret", error_code=ErrorCode.topic_authorization_failed, topic_id=None
-            ),
-        ]
-    )
-    links = FakeLinks({A: reply})
+    links = FakeLinks({A: THREE_TOPICS})
     found = asyncio.run(ids_of(links).of_each(["orders", "gone", "secret"]))
     assert found == {"orders": str(TOPIC_ID)}
     [(_, _, request)] = links.asked
     assert [str(t.name) for t in request.topics] == ["orders", "gone", "secret"]
+
+
+def test_each_topic_answered_with_its_own_error() -> None:
+    """What recovery reads: a topic's error fails only that topic's partitions."""
+    found = asyncio.run(ids_of(FakeLinks({A: THREE_TOPICS})).answers(["orders", "gone", "secret"]))
+    assert found["orders"] == str(TOPIC_ID)
+    assert isinstance(found["gone"], UnknownTopic)
+    assert isinstance(found["secret"], OSError) and not isinstance(found["secret"], UnknownTopic)
 
 
 @pytest.mark.parametrize(
