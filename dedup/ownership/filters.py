@@ -6,7 +6,8 @@ filters run in reverse) and describe the nodes of every live instance instead
 (`dedup.ownership.nodes`). In a Metadata response, a partition of a topic with dedup on is
 led by its owner's node for the leader broker; everything else (replicas, coordinators,
 the controller, KIP-951 endpoints in Produce and Fetch answers) by this instance's node for
-the broker, so consumers and admin clients keep working through any instance.
+the broker, so consumers and admin clients keep working through any instance. Admin
+requests that name brokers by those ids are translated back (`dedup.ownership.admin_ids`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kio.schema.types import BrokerId
 from kio.static.primitive import i32
 from kio.static.protocol import ResponsePayload
 
+from dedup.ownership.admin_ids import admin_id_filters
 from dedup.ownership.nodes import NodeMap
 from dedup.ownership.owner import Ownership
 from dedup.policies import Mode, PolicyStore
@@ -25,6 +27,14 @@ from proxy.kafka.api_keys import ApiKey
 from proxy.runtime.chain import FilterContext
 
 BROKER_ENDPOINT_TYPE = 1  # DescribeCluster v1+: 1 = brokers, 2 = controllers
+# The broker lists of a partition in Metadata and DescribeTopicPartitions answers
+_REPLICA_LISTS = (
+    "replica_nodes",
+    "isr_nodes",
+    "offline_replicas",
+    "eligible_leader_replicas",
+    "last_known_elr",
+)
 
 
 class _NodesFilter:
@@ -67,10 +77,21 @@ class OwnedMetadataFilter(_NodesFilter):
 
     async def _rewrite(self, version: int, response: Any) -> Any:
         nodes = self._ownership.nodes()
-        policies = await self._policies.snapshot()
         brokers = _every_node(nodes, response.brokers, "node_id")
-        topics = []
-        for topic in response.topics:
+        top: dict[str, Any] = {
+            "brokers": brokers,
+            "topics": await self._topics(nodes, response.topics),
+        }
+        if hasattr(response, "controller_id"):  # v1+
+            top["controller_id"] = BrokerId(self._local_id(int(response.controller_id)))
+        return replace(response, **top)
+
+    async def _topics(self, nodes: NodeMap, topics: Any) -> tuple[Any, ...]:
+        """Each partition led by its owner's node (dedup on) or this instance's, and its
+        replicas named by this instance's nodes."""
+        policies = await self._policies.snapshot()
+        rewritten = []
+        for topic in topics:
             name = None if topic.name is None else str(topic.name)
             deduped = name is not None and policies.mode_for(name) is not Mode.DISABLED
             partitions = []
@@ -85,17 +106,24 @@ class OwnedMetadataFilter(_NodesFilter):
                     nodes.of(owner, leader).node_id if owner is not None else self._local_id(leader)
                 )
                 changes: dict[str, Any] = {"leader_id": BrokerId(leader_node)}
-                for field in ("replica_nodes", "isr_nodes", "offline_replicas"):
-                    if hasattr(part, field):  # offline_replicas: v5+
-                        changes[field] = tuple(
-                            BrokerId(self._local_id(int(n))) for n in getattr(part, field)
-                        )
+                for field in _REPLICA_LISTS:
+                    ids = getattr(part, field, None)  # offline_replicas: v5+; ELR: nullable
+                    if ids is not None:
+                        changes[field] = tuple(BrokerId(self._local_id(int(n))) for n in ids)
                 partitions.append(replace(part, **changes))
-            topics.append(replace(topic, partitions=tuple(partitions)))
-        top: dict[str, Any] = {"brokers": brokers, "topics": tuple(topics)}
-        if hasattr(response, "controller_id"):  # v1+
-            top["controller_id"] = BrokerId(self._local_id(int(response.controller_id)))
-        return replace(response, **top)
+            rewritten.append(replace(topic, partitions=tuple(partitions)))
+        return tuple(rewritten)
+
+
+class OwnedTopicPartitionsFilter(OwnedMetadataFilter):
+    """DescribeTopicPartitions (KIP-966), which Kafka's admin client describes topics
+    with: the partitions of Metadata's answer, without the brokers."""
+
+    response_keys = frozenset({ApiKey.DESCRIBE_TOPIC_PARTITIONS})
+
+    async def _rewrite(self, version: int, response: Any) -> Any:
+        nodes = self._ownership.nodes()
+        return replace(response, topics=await self._topics(nodes, response.topics))
 
 
 class OwnedDescribeClusterFilter(_NodesFilter):
@@ -196,8 +224,10 @@ def ownership_filters(ownership: Ownership, policies: PolicyStore) -> list[objec
     """In chain order, placed before the runtime's filters (so they run after them)."""
     return [
         OwnedMetadataFilter(ownership, policies),
+        OwnedTopicPartitionsFilter(ownership, policies),
         OwnedDescribeClusterFilter(ownership),
         OwnedCoordinatorFilter(ownership),
         OwnedLeaderHintsFilter(ownership, ApiKey.PRODUCE, first_version=10),
         OwnedLeaderHintsFilter(ownership, ApiKey.FETCH, first_version=16),
+        *admin_id_filters(ownership),
     ]

@@ -9,7 +9,8 @@ client asked, so the mapping is a pure function of the member list:
   ``broker`` (every member lists a node per broker; broker ids must be below ``stride``);
 - ``sidecar``: node ids are the brokers' own; node ``b`` is the listener for ``b`` of the
   member that owns broker ``b``'s partitions (`dedup.ownership.placement.broker_owner`).
-  Admin requests that name brokers by id work unchanged.
+  Admin requests that name brokers by id work unchanged; with balanced placement they are
+  translated (`dedup.ownership.admin_ids`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ class NodeMap:
         brokers = list(brokers)
         nodes = {n.node_id: n for m in self.members for b in brokers for n in [self.of(m, b)]}
         return [nodes[i] for i in sorted(nodes)]
+
+    def upstream_id(self, node_id: int) -> int:
+        """The broker id Kafka knows for a node id a client names in an admin request
+        (`dedup.ownership.admin_ids`); an id that is no member's node passes unchanged."""
+        if self.placement == "sidecar" or node_id < 0:
+            return node_id
+        slot, broker = divmod(node_id, self.stride)
+        return broker if any(m.slot == slot for m in self.members) else node_id
 
     def broker_of(self, node_id: int) -> int:
         """The upstream broker behind a node id clients send (e.g. in an admin request)."""

@@ -12,6 +12,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -23,14 +24,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicCollection, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
 
 from dedup.client import DedupProducer
 from dedup.identity import DEFAULT_PRODUCER_HEADER
 from dedup.ownership.members import Member
 from dedup.ownership.placement import rendezvous
 from deploy.launcher import ProxyProcess
-from deploy.local import EnvInfo
+from deploy.local import EnvInfo, java_tool_command
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
 from tests.support.load import SequencedProducer
 from tests.support.ports import INSTANCES
@@ -43,6 +53,7 @@ pytestmark = pytest.mark.integration
 
 REDIS_DB = 6  # this file's instances only
 TTL_S = 3.0
+STRIDE = 1000  # node_id_stride, the default
 FAST = {"DEDUP_PROXY_LEASE_TTL_S": str(TTL_S), "DEDUP_PROXY_HEARTBEAT_S": "0.5"}
 
 
@@ -199,6 +210,113 @@ def test_instances_split_the_partitions_and_clients_reach_each_owner(
     assert held[0] | held[1] == {f"{topic}/{p}" for p in range(8)}
     assert group.metric('dedup_recoveries_total{result="ok"}') == 8, "one recovery each"
     assert group.metric('dedup_lease_events_total{event="taken_over"}') == 0
+
+
+# -------------------------------------------------------------------------- admin requests
+
+
+def test_admin_requests_naming_a_broker_by_its_node_id_reach_the_broker(
+    group_factory: Any, local_env: EnvInfo
+) -> None:
+    """With several instances, clients see node `slot * node_id_stride + broker`. An admin
+    request that names a broker by such an id (its configs, a replica assignment) reaches
+    Kafka under the broker's own id, and the answer names the node again. librdkafka sends
+    a broker's configs request to that node, as Kafka's Java admin client does."""
+    group = group_factory(2)
+    (broker,) = local_env.brokers
+    nodes = _group_nodes(group, broker)
+    admin = AdminClient({"bootstrap.servers": group.proxy(0).bootstrap})
+    for node in nodes:
+        resource = ConfigResource(ResourceType.BROKER, str(node))
+        configs = admin.describe_configs([resource])[resource].result(timeout=30)
+        assert configs["node.id"].value == str(broker), f"node {node} describes broker {broker}"
+        change = ConfigResource(
+            ResourceType.BROKER,
+            str(node),
+            incremental_configs=[
+                ConfigEntry(
+                    "log.cleaner.backoff.ms", "15001", incremental_operation=AlterConfigOpType.SET
+                )
+            ],
+        )
+        admin.incremental_alter_configs([change], validate_only=True)[change].result(timeout=30)
+    topic = f"assigned-{uuid.uuid4().hex[:8]}"
+    created = admin.create_topics([NewTopic(topic, 1, replica_assignment=[[nodes[1]]])])
+    created[topic].result(timeout=30)
+    direct = AdminClient({"bootstrap.servers": local_env.bootstrap})
+    described = direct.describe_topics(TopicCollection([topic]))[topic].result(timeout=30)
+    assert [r.id for r in described.partitions[0].replicas] == [broker]
+    partitions = admin.create_partitions([NewPartitions(topic, 2, [[nodes[1]]])])
+    partitions[topic].result(timeout=30)
+    described = direct.describe_topics(TopicCollection([topic]))[topic].result(timeout=30)
+    assert [[r.id for r in p.replicas] for p in described.partitions] == [[broker], [broker]]
+
+
+def test_kafkas_own_tools_name_brokers_by_node_id_through_a_group(
+    group_factory: Any, local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """`kafka-configs` and `kafka-reassign-partitions` (Kafka's Java tools) through an
+    instance of a group, naming the broker by a node id the group gave it."""
+    group = group_factory(2)
+    (broker,) = local_env.brokers
+    node = _group_nodes(group, broker)[-1]
+    bootstrap = group.proxy(1).bootstrap
+    described = _java_tool(
+        "kafka.admin.ConfigCommand",
+        *("--bootstrap-server", bootstrap, "--describe", "--all"),
+        *("--entity-type", "brokers", "--entity-name", str(node)),
+    )
+    assert f"node.id={broker} " in described, described
+    topic = new_topic(local_env.bootstrap)
+    plan = tmp_path / "reassignment.json"
+    plan.write_text(
+        json.dumps(
+            {"version": 1, "partitions": [{"topic": topic, "partition": 0, "replicas": [node]}]}
+        )
+    )
+    reassign = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
+    _java_tool(
+        reassign,
+        "--bootstrap-server",
+        bootstrap,
+        "--execute",
+        "--reassignment-json-file",
+        str(plan),
+    )
+    verified = _java_tool(
+        reassign, "--bootstrap-server", bootstrap, "--verify", "--reassignment-json-file", str(plan)
+    )
+    assert f"Reassignment of partition {topic}-0 is completed" in verified, verified
+
+
+def _group_nodes(group: Group, broker: int) -> list[int]:
+    """The node ids the group gives the broker, one per instance (never the broker's own),
+    asked once both instances know each other (before, one instance names the brokers'
+    own ids)."""
+    wait_until(
+        lambda: all(len(group.ownership(i)["members"]) == 2 for i in range(2)),
+        timeout_s=30,
+        what="both instances see each other",
+    )
+    admin = AdminClient({"bootstrap.servers": group.proxy(0).bootstrap})
+    nodes: list[int] = []
+
+    def both_members_listed() -> bool:
+        nodes[:] = sorted(n.id for n in admin.describe_cluster().result(timeout=30).nodes)
+        return len(nodes) == 2
+
+    wait_until(both_members_listed, timeout_s=30, what=lambda: f"two nodes listed: {nodes}")
+    assert {n % STRIDE for n in nodes} == {broker}, "a node per instance for the broker"
+    assert broker not in nodes, "no node has the broker's own id"
+    return nodes
+
+
+def _java_tool(main_class: str, *args: str) -> str:
+    done = subprocess.run(
+        java_tool_command(main_class, *args), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"{main_class}: {done.stdout}{done.stderr}"
+    return done.stdout
 
 
 # -------------------------------------------------------------------------- a topic created again
