@@ -95,6 +95,7 @@ from proxy.kafka.error_codes import retriable
 from proxy.kafka.produce_codec import RecordBytes
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import records_for_request
+from proxy.runtime.cluster import NoSuchPartition
 
 log = structlog.get_logger(__name__)
 
@@ -779,7 +780,17 @@ class DedupEngine:
             self._refuse(item, _recovering())
             return True
         if not state.recovered:  # first use here: sidecar placement needs the leader
-            await self._owners.learn_leader(item.key)
+            try:
+                await self._owners.learn_leader(item.key)
+            except NoSuchPartition as exc:
+                # Answered as Kafka would, before any lease or recovery: a client writing
+                # to partitions that do not exist must not leave recoveries retrying.
+                metrics.BAD_INPUT.labels("unknown_partition").inc()
+                self._refuse(
+                    item,
+                    PartitionAnswer(ErrorCode.unknown_topic_or_partition, error_message=str(exc)),
+                )
+                return True
         holder = state.held_by(asyncio.get_running_loop().time())
         if holder is None and self._owners.serves_here(item.key):
             return False

@@ -89,7 +89,8 @@ class Owners(Protocol):
 
     def redirect(self, key: Key, holder: str | None = None) -> Redirect | None: ...
 
-    async def learn_leader(self, key: Key) -> tuple[int, int] | None: ...
+    async def learn_leader(self, key: Key) -> tuple[int, int] | None:
+        """Raises `proxy.runtime.cluster.NoSuchPartition` (Kafka has no such partition)."""
 
 
 class Clock(Protocol):

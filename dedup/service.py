@@ -54,7 +54,9 @@ class UpstreamAccess:
     connect_timeout_s: float
     known_upstreams: Callable[[], Sequence[Endpoint]]
     leader_of: LeaderLookup
-    leader_id_of: Callable[[str, int], Awaitable[tuple[int, int] | None]]
+    # A partition's leader id and epoch (None: not known); raises
+    # `proxy.runtime.cluster.NoSuchPartition` when Kafka answered that it does not exist.
+    partition_leader: Callable[[str, int], Awaitable[tuple[int, int] | None]]
     advertised_host: str  # how clients reach this instance (published to the others)
     advertised_port_base: int  # with SNI routing: the one port of every broker
     node_id_offset: int
@@ -115,7 +117,7 @@ class DedupService:
             node_id_stride=settings.node_id_stride,
             heartbeat_s=settings.heartbeat_s,
             ttl_s=settings.lease_ttl_s,
-            leader_lookup=upstream.leader_id_of,
+            leader_lookup=upstream.partition_leader,
         )
         self._fencers: dict[str, Fencer] = {}
         self.writer = IdempotentWriter(

@@ -59,7 +59,7 @@ def assemble(settings: Settings) -> AssembledProxy:
             connect_timeout_s=settings.upstream_connect_timeout_s,
             known_upstreams=cluster.known_upstreams,
             leader_of=cluster.leader_of,
-            leader_id_of=cluster.leader_id_of,
+            partition_leader=cluster.partition_leader,
             advertised_host=topology.advertised_host,
             advertised_port_base=sni.advertised_port if sni else topology.advertised_port_base,
             node_id_offset=topology.node_id_offset,

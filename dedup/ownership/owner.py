@@ -195,7 +195,8 @@ class Ownership:
             self._leaders[key] = (leader_id, epoch, asyncio.get_running_loop().time())
 
     async def learn_leader(self, key: Key) -> tuple[int, int] | None:
-        """The leader, asked of the cluster when not learned recently."""
+        """The leader, asked of the cluster when not learned recently. Raises
+        `NoSuchPartition` when Kafka answered that the partition does not exist."""
         found = self._leaders.get(key)
         now = asyncio.get_running_loop().time()
         if found is None or now - found[2] > LEADER_TTL_S:

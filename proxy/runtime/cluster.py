@@ -4,8 +4,10 @@ partition's leader is, asked of the cluster with the proxy's own requests."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import structlog
+from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.types import TopicName
 
@@ -53,7 +55,18 @@ class UpstreamCluster:
         return None if found is None else self.topology.upstream(found[0])
 
     async def leader_id_of(self, topic: str, partition: int) -> tuple[int, int] | None:
-        """A partition's leader node id and leader epoch, asked of the cluster now."""
+        """A partition's leader node id and leader epoch, asked of the cluster now; None
+        when it is not known (no answer, no leader, or no such partition)."""
+        try:
+            return await self.partition_leader(topic, partition)
+        except NoSuchPartition:
+            return None
+
+    async def partition_leader(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """As `leader_id_of`, but raises `NoSuchPartition` when a broker answered that the
+        topic does not exist or has no such partition (it may be being created: a broker
+        can lag behind the controller, so the answer is Kafka's retriable
+        UNKNOWN_TOPIC_OR_PARTITION, not a final one)."""
         request = MetadataRequest(
             topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
             allow_auto_topic_creation=False,
@@ -69,9 +82,27 @@ class UpstreamCluster:
                 continue
             brokers = [(int(b.node_id), b.host, int(b.port)) for b in response.brokers]
             await self.topology.observe(brokers, complete=True)
-            for found in response.topics:
-                for part in found.partitions:
-                    if int(part.partition_index) == partition and part.error_code == 0:
-                        return int(part.leader_id), int(part.leader_epoch)
-            return None
+            return leader_in_answer(response, topic, partition)
         return None
+
+
+class NoSuchPartition(LookupError):
+    """Kafka answered that the topic does not exist, or has no partition of that index."""
+
+
+def leader_in_answer(response: Any, topic: str, partition: int) -> tuple[int, int] | None:
+    """The partition's leader id and epoch in a Metadata answer; None: not known."""
+    for found in response.topics:
+        if found.name != topic:
+            continue
+        if found.error_code == ErrorCode.unknown_topic_or_partition:
+            raise NoSuchPartition(f"topic {topic} does not exist")
+        if found.error_code != ErrorCode.none:
+            return None  # being created, or not ours to see: unknown
+        for part in found.partitions:
+            if int(part.partition_index) == partition:
+                if part.error_code != ErrorCode.none:
+                    return None
+                return int(part.leader_id), int(part.leader_epoch)
+        raise NoSuchPartition(f"topic {topic} has no partition {partition}")
+    return None

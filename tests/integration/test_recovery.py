@@ -46,6 +46,7 @@ pytestmark = pytest.mark.integration
 
 REDIS_DB = 5  # this file's proxies only: a FLUSHDB here touches no other test's state
 NOT_ENOUGH_REPLICAS = 19  # Kafka's retriable "not written", the answer without Redis
+UNKNOWN_TOPIC_OR_PARTITION = 3
 REDIS_DOWN = "dedup state unavailable"  # the log line of a request refused without Redis
 # ... and of acknowledged positions not written to Redis (the maps kept in memory)
 COPY_FAILING = "could not record persisted sequences"
@@ -513,12 +514,13 @@ def test_a_late_write_of_the_killed_proxy_is_refused_after_the_restart(
 # -------------------------------------------------------------------------- a topic created again
 
 
-def test_a_topic_that_does_not_exist_fails_only_its_own_partitions(
+def test_a_topic_that_does_not_exist_is_answered_unknown_beside_one_that_is_written(
     restartable: RestartableProxy, local_env: EnvInfo
 ) -> None:
     """One request to a topic and to a topic that does not exist (a client that skipped
-    Metadata, or a topic deleted under it): their partitions are recovered together, and
-    only the missing topic's fail, to be retried; the other's record is written."""
+    Metadata, or a topic deleted under it): the missing topic's partition is answered
+    UNKNOWN_TOPIC_OR_PARTITION, as Kafka answers it, before any lease or recovery (so
+    nothing is left retrying); the other's record is written."""
     topic, missing = new_topic(local_env.bootstrap), f"never-created-{uuid.uuid4().hex[:8]}"
     proxy = restartable.start()
     request = produce_request_to(
@@ -532,13 +534,11 @@ def test_a_topic_that_does_not_exist_fails_only_its_own_partitions(
 
     wait_until(recovered, timeout_s=60, what="the existing topic's partition recovered")
     assert answers[(topic, 0)].error_code == 0
-    assert answers[(missing, 0)].error_code != 0, "nothing is written to a missing topic"
-    failing = {
-        (p["topic"], p["partition"]): p["recovery_failing"]
-        for p in proxy_json(restartable, "/v1/snapshots")["partitions"]
-    }
-    assert failing[(topic, 0)] is None
-    assert "UnknownTopic" in failing[(missing, 0)]["last_error"]
+    assert answers[(missing, 0)].error_code == UNKNOWN_TOPIC_OR_PARTITION
+    partitions = proxy_json(restartable, "/v1/snapshots")["partitions"]
+    rows = {p["topic"]: (p["recovered"], p["recovery_failing"]) for p in partitions}
+    assert (rows[topic], rows[missing]) == ((True, None), (False, None)), "no recovery"
+    assert f"{missing}/0" not in proxy_json(restartable, "/v1/ownership")["held"]
     assert len(values(local_env.bootstrap, topic)) == 1
 
 

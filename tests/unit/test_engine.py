@@ -79,6 +79,7 @@ from dedup.writer import WITHDRAWN, BatchToWrite, WriteResult
 from proxy.kafka.produce_codec import RecordBytes, RecordPieces
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import QUEUED_FROM_BYTES
+from proxy.runtime.cluster import NoSuchPartition
 
 pytestmark = pytest.mark.unit
 
@@ -531,7 +532,11 @@ class FakeOwners:
             return Redirect(holder, Node(7001, Endpoint("holder", 9092)), 3)
         return self.elsewhere.get(key)
 
+    absent: set[Key] = field(default_factory=set)  # Kafka has no such partition
+
     async def learn_leader(self, key: Key) -> tuple[int, int] | None:
+        if key in self.absent:
+            raise NoSuchPartition(f"topic {key[0]} has no partition {key[1]}")
         return 1, 3
 
 
@@ -1694,6 +1699,20 @@ async def test_the_owner_finds_a_topic_created_again_without_any_request() -> No
         assert await rig.engine.wait_recovered([P0], 2)
         assert rig.recovery.calls[2:] == [[P0]]
         assert rig.engine.partition_states()[P0].topic_id == rig.topic_ids.ids[P0[0]]
+
+
+async def test_a_partition_kafka_does_not_have_is_answered_unknown_without_a_recovery() -> None:
+    """Before, it took a lease and a recovery that failed and was retried for ever."""
+    async with running() as rig:
+        rig.owners.absent.add(P1)
+        answers = await rig.send((P0, records("p", [0])), (P1, records("p", [0])))
+        assert ok(answers[P0])
+        assert answers[P1].error_code == ErrorCode.unknown_topic_or_partition
+        assert answers[P1].error_message == "topic orders has no partition 1"
+        assert [key for run in rig.recovery.calls for key in run] == [P0], "P1 never recovered"
+        assert not rig.scheduler.recovering(P1)
+        rig.owners.absent.clear()  # created since (or a lagging broker caught up)
+        assert ok((await rig.send((P1, records("p", [0]))))[P1])
 
 
 async def test_a_deleted_topic_is_answered_unknown_and_rebuilt_once_it_is_back() -> None:
