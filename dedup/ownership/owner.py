@@ -27,6 +27,7 @@ from dedup.ownership.leases import Key, Lease, PartitionLeases
 from dedup.ownership.members import DuplicateInstance, Member, Membership
 from dedup.ownership.nodes import Node, NodeMap
 from dedup.ownership.placement import partition_owner
+from proxy.runtime.cluster import NoSuchPartition
 
 log = structlog.get_logger(__name__)
 
@@ -270,6 +271,8 @@ class Ownership:
         for key in keys:
             try:
                 await self.learn_leader(key)
+            except NoSuchPartition:
+                continue  # a topic deleted under it: the engine's topic-id check acts on it
             except Exception as exc:  # the next beat asks again
                 log.warning("partition leader not learned", topic=key[0], error=str(exc))
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import kio.schema.metadata.v12.response as metadata_v12
 import pytest
+import structlog.testing
 from hypothesis import given
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
@@ -23,6 +24,7 @@ from dedup.ownership.owner import Ownership
 from dedup.ownership.placement import broker_owner, partition_owner, rendezvous
 from dedup.policies import Mode, PolicySnapshot
 from proxy.kafka.topology import Endpoint
+from proxy.runtime.cluster import NoSuchPartition
 
 
 def member(name: str, slot: int, broker: int | None = None, port_base: int = 9100) -> Member:
@@ -201,3 +203,21 @@ async def test_metadata_names_each_dedup_partitions_owner_and_this_instance_for_
         assert [int(n) for n in p.replica_nodes] == [1000, 1001], "replicas: this instance"
     assert {int(p.leader_id) for p in plain.partitions} == {1001}, "no dedup: any instance"
     assert owner.leader(("orders", 3)) == (1, 4), "leaders are learned from metadata"
+
+
+async def test_a_held_partition_kafka_no_longer_has_is_not_warned_of_every_beat() -> None:
+    """Sidecar placement asks the leaders of held partitions every heartbeat: a topic
+    deleted under one is the topic-id check's to act on, not a warning a second."""
+    owner = ownership_of(A, [A])
+
+    async def lookup(topic: str, partition: int) -> tuple[int, int] | None:
+        if topic == "deleted":
+            raise NoSuchPartition(f"topic {topic} does not exist")
+        raise OSError("no broker answered")
+
+    owner._leader_lookup = lookup
+    with structlog.testing.capture_logs() as logs:
+        await owner._learn_leaders([("deleted", 0), ("unreachable", 0)])
+    assert [(e["event"], e["topic"]) for e in logs] == [
+        ("partition leader not learned", "unreachable")
+    ]
