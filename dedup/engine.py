@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
@@ -98,6 +99,9 @@ from proxy.kafka.upstream_client import records_for_request
 from proxy.runtime.cluster import NoSuchPartition
 
 log = structlog.get_logger(__name__)
+
+# Partitions Kafka said it does not have whose place in line is kept (about 3 KB each)
+MAX_ABSENT_PARTITIONS = 10_000
 
 SETTLE_WAIT_S = 30.0  # how long a request waits for the reset after a failed write
 # How long a request waits, in line, for its partition's recovery before it is told
@@ -244,6 +248,7 @@ class DedupEngine:
         max_producers: int = 10_000,
         max_sequence_jump: int = 0,
         topic_ids: TopicIdLookup | None = None,
+        max_absent_partitions: int = MAX_ABSENT_PARTITIONS,
     ) -> None:
         self._state = state
         self._topic_ids = topic_ids  # None: a topic's id is never confirmed (unit tests)
@@ -259,6 +264,9 @@ class DedupEngine:
         self._first_use_wait_s = first_use_wait_s
         self._settle_wait_s = settle_wait_s
         self._partitions = recoveries.partitions
+        # Partitions Kafka said it does not have, oldest first (`_remember_absent`)
+        self._absent: OrderedDict[Key, None] = OrderedDict()
+        self._max_absent = max_absent_partitions
         self._background: set[asyncio.Task[None]] = set()
         self._persisted = PersistedRecorder(
             state, on_lost=recoveries.state_lost, clock=clock, linger_s=persisted_linger_s
@@ -757,6 +765,26 @@ class DedupEngine:
                 self._refuse(item, _not_written("partition is recovering from a failed write"))
                 return
 
+    def _remember_absent(self, key: Key) -> None:
+        """Kafka has no such partition. Its state here (a place in line, never recovered) is
+        kept for the latest `max_absent_partitions` of them only, so a client naming
+        partitions that do not exist cannot grow the proxy's memory without bound; the
+        oldest is let go once nothing waits in its line. What is lost with it: were the
+        partition created within the moment between a retriable refusal and the same
+        producer's next request, that request could overtake the retry."""
+        self._absent[key] = None
+        self._absent.move_to_end(key)
+        while len(self._absent) > self._max_absent:
+            oldest, _ = self._absent.popitem(last=False)
+            state = self._partitions.get(oldest)
+            if state is None or state.recovered or state.pending:
+                continue
+            waiting = (state.last_in_line, state.last_queued)
+            if any(f is not None and not f.done() for f in waiting):
+                continue  # a request in its line: refused again, it comes back here
+            if not self._recoveries.recovering(oldest):
+                del self._partitions[oldest]
+
     def _lease_holds(self, item: _Work) -> bool:
         """With the maps in memory: whether this instance's lease on the partition cannot
         have been taken by another. If not, the request is refused: retriable while the
@@ -790,6 +818,7 @@ class DedupEngine:
                     item,
                     PartitionAnswer(ErrorCode.unknown_topic_or_partition, error_message=str(exc)),
                 )
+                self._remember_absent(item.key)
                 return True
         holder = state.held_by(asyncio.get_running_loop().time())
         if holder is None and self._owners.serves_here(item.key):

@@ -586,6 +586,7 @@ async def running(
     max_request_decompressed_bytes: int = 128 << 20,
     persisted_linger_s: float = 0.005,
     max_producers: int = 10_000,
+    max_absent_partitions: int = 10_000,
 ) -> AsyncIterator[Rig]:
     state, writer, topic_ids = FakeState(), FakeWriter(), FakeTopicIds()
     recovery = FakeRecovery(state, writer, topic_ids)
@@ -607,6 +608,7 @@ async def running(
         check_state="memory" if _check_state == "memory" else "redis",
         max_producers=max_producers,
         topic_ids=topic_ids,
+        max_absent_partitions=max_absent_partitions,
     )
     if _check_state == "memory":  # what is checked is recorded as FakeState records it
         queue = engine._checks.queue
@@ -1713,6 +1715,23 @@ async def test_a_partition_kafka_does_not_have_is_answered_unknown_without_a_rec
         assert not rig.scheduler.recovering(P1)
         rig.owners.absent.clear()  # created since (or a lagging broker caught up)
         assert ok((await rig.send((P1, records("p", [0]))))[P1])
+
+
+async def test_only_the_latest_partitions_kafka_does_not_have_keep_a_state() -> None:
+    """A client naming partitions that do not exist cannot grow the proxy without bound:
+    the states of the oldest go, the latest keep their place in line."""
+    ghosts = [("ghosts", p) for p in range(7)]
+    async with running(max_absent_partitions=3) as rig:
+        rig.owners.absent.update(ghosts)
+        for ghost in ghosts:
+            answer = (await rig.send((ghost, records("p", [0]))))[ghost]
+            assert answer.error_code == ErrorCode.unknown_topic_or_partition
+        assert ok((await rig.send((P0, records("p", [0]))))[P0])
+        kept = set(rig.engine.partition_states())
+        assert kept == {P0, *ghosts[-3:]}, "the three latest and the real partition"
+        again = (await rig.send((ghosts[0], records("p", [0]))))[ghosts[0]]
+        assert again.error_code == ErrorCode.unknown_topic_or_partition
+        assert set(rig.engine.partition_states()) == {P0, *ghosts[-2:], ghosts[0]}
 
 
 async def test_a_deleted_topic_is_answered_unknown_and_rebuilt_once_it_is_back() -> None:
