@@ -102,6 +102,8 @@ log = structlog.get_logger(__name__)
 
 # Partitions Kafka said it does not have whose place in line is kept (about 3 KB each)
 MAX_ABSENT_PARTITIONS = 10_000
+# Leader lookups at once for a request's partitions met for the first time
+FIRST_USE_LOOKUPS = 8
 
 SETTLE_WAIT_S = 30.0  # how long a request waits for the reset after a failed write
 # How long a request waits, in line, for its partition's recovery before it is told
@@ -534,6 +536,7 @@ class DedupEngine:
         if principal is not None and self._bindings is not None:
             await self._refuse_foreign_names(work, principal)
         to_check = [w for w in work if w.answer is None and w.mode is not Mode.DISABLED]
+        await self._ask_first_recoveries(to_check)
         for item in to_check:
             await self._pass_gate(item)
         for item in to_check:
@@ -732,6 +735,32 @@ class DedupEngine:
             "refusing a bad record", topic=item.topic, partition=item.partition, error=message
         )
         item.answer = PartitionAnswer(ErrorCode.invalid_record, error_message=message)
+
+    async def _ask_first_recoveries(self, items: list[_Work]) -> None:
+        """The partitions of a request met here for the first time: their leaders looked up
+        together and the recoveries of those served here asked at once, so they run as one
+        batch. The gates (`_pass_gate`) then only wait: a producer's first request to many
+        partitions would otherwise wait for as many recoveries in a row."""
+        now = asyncio.get_running_loop().time()
+        first = {
+            item.key
+            for item in items
+            if not (state := self._state_of(item)).recovered and state.held_by(now) is None
+        }
+        if len(first) < 2 or not self._owners.ready():
+            return  # one partition: its gate does the same
+        keys = sorted(first)
+        lookups = asyncio.Semaphore(FIRST_USE_LOOKUPS)  # each a connection to Kafka
+
+        async def leader_of(key: Key) -> tuple[int, int] | None:
+            async with lookups:
+                return await self._owners.learn_leader(key)
+
+        found = await asyncio.gather(*(leader_of(key) for key in keys), return_exceptions=True)
+        for key, leader in zip(keys, found, strict=True):
+            # A failed lookup (no such partition, no answer) is the gate's to answer.
+            if not isinstance(leader, BaseException) and self._owners.serves_here(key):
+                self._recoveries.request(key, "first use")
 
     async def _pass_gate(self, item: _Work) -> None:
         """Wait while the partition recovers or settles a failed write."""

@@ -1717,6 +1717,16 @@ async def test_a_partition_kafka_does_not_have_is_answered_unknown_without_a_rec
         assert ok((await rig.send((P1, records("p", [0]))))[P1])
 
 
+async def test_a_requests_partitions_met_for_the_first_time_are_recovered_together() -> None:
+    """Not one after another at each partition's gate: a producer's first request to a
+    topic of many partitions would wait for as many recoveries in a row."""
+    keys = [("orders", p) for p in range(6)]
+    async with running() as rig:
+        answers = await rig.send(*((key, records("p", [0])) for key in keys))
+        assert all(ok(answers[key]) for key in keys)
+        assert [sorted(run) for run in rig.recovery.calls] == [keys], "one recovery run"
+
+
 async def test_only_the_latest_partitions_kafka_does_not_have_keep_a_state() -> None:
     """A client naming partitions that do not exist cannot grow the proxy without bound:
     the states of the oldest go, the latest keep their place in line."""
