@@ -798,21 +798,21 @@ class DedupEngine:
         """Kafka has no such partition. Its state here (a place in line, never recovered) is
         kept for the latest `max_absent_partitions` of them only, so a client naming
         partitions that do not exist cannot grow the proxy's memory without bound; the
-        oldest is let go once nothing waits in its line. What is lost with it: were the
-        partition created within the moment between a retriable refusal and the same
-        producer's next request, that request could overtake the retry."""
+        oldest is let go once every request admitted to it has ended. What is lost with
+        it: were the partition created within the moment between a retriable refusal and
+        the same producer's next request, that request could overtake the retry."""
         self._absent[key] = None
         self._absent.move_to_end(key)
-        while len(self._absent) > self._max_absent:
+        for _ in range(len(self._absent) - self._max_absent):  # the excess, oldest first
             oldest, _ = self._absent.popitem(last=False)
             state = self._partitions.get(oldest)
-            if state is None or state.recovered or state.pending:
+            if state is None or state.recovered:
+                continue  # let go already, or there after all
+            busy = state.pending or state.released < state.admitted
+            if busy or self._recoveries.recovering(oldest):
+                self._absent[oldest] = None  # a request still on it: let go later
                 continue
-            waiting = (state.last_in_line, state.last_queued)
-            if any(f is not None and not f.done() for f in waiting):
-                continue  # a request in its line: refused again, it comes back here
-            if not self._recoveries.recovering(oldest):
-                del self._partitions[oldest]
+            del self._partitions[oldest]
 
     def _lease_holds(self, item: _Work) -> bool:
         """With the maps in memory: whether this instance's lease on the partition cannot
@@ -976,6 +976,7 @@ class DedupEngine:
 
     def _release(self, work: list[_Work]) -> None:
         for item in work:
+            self._state_of(item).released += 1
             if item.answer is None:
                 self._abandon(item)
             elif item.answer.error_code:  # every way to "not written" ends here too

@@ -81,6 +81,7 @@ class PartitionState:
     last_in_line: asyncio.Future[None] | None = None  # the latest admitted request's turn
     last_queued: asyncio.Future[None] | None = None  # ... and when its check is queued
     admitted: int = 0  # requests admitted so far: the latest one's number in line
+    released: int = 0  # ... and of those, the requests whose work on it has ended
     # A request not written (retriable) refuses every request admitted before its answer
     # could reach the client: those were sent without knowing, and written they would
     # overtake its retry (whose records would then read as old duplicates and be lost).

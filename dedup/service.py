@@ -387,7 +387,10 @@ class DedupService:
             states = self.engine.partition_states()
             for topic, partition in self.engine.partitions():
                 older_than_ms = clock_ms() - idle_ms
-                table = states[(topic, partition)].sequences
+                state = states.get((topic, partition))
+                if state is None or not state.recovered:
+                    continue  # not this instance's to purge (or let go since the listing)
+                table = state.sequences
                 try:
                     if table is not None:
                         # The maps here know when each producer was last checked (Redis's

@@ -1744,6 +1744,31 @@ async def test_only_the_latest_partitions_kafka_does_not_have_keep_a_state() -> 
         assert set(rig.engine.partition_states()) == {P0, *ghosts[-2:], ghosts[0]}
 
 
+async def test_a_partition_kafka_does_not_have_keeps_its_state_while_a_request_is_on_it() -> None:
+    """Let go while its request was still finishing (its turn over, waiting on the write of
+    another partition), a state would be made anew behind it, numbered afresh."""
+    ghosts = [("ghosts", p) for p in range(4)]
+    async with running(max_absent_partitions=1) as rig:
+        rig.owners.absent.update(ghosts)
+        assert ok((await rig.send((P0, records("p", [0]))))[P0])
+        held = asyncio.Event()
+        rig.writer.script.append(Step(hold=held))
+        first = await rig.admit((ghosts[0], records("g", [0])), (P0, records("p", [1])))
+        await asyncio.sleep(0.05)  # refused, its turn over; P0's write held
+        for ghost in ghosts[1:]:
+            assert not ok((await rig.send((ghost, records("g", [0]))))[ghost])
+        state = rig.engine.partition_states()[ghosts[0]]
+        held.set()
+        answers = await first
+        assert answers[ghosts[0]].error_code == ErrorCode.unknown_topic_or_partition
+        assert ok(answers[P0])
+        assert rig.engine.partition_states().get(ghosts[0]) is state, "the same state"
+        assert (state.admitted, state.released) == (1, 1)
+        assert ok((await rig.send((P0, records("p", [2]))))[P0])
+        assert not ok((await rig.send((ghosts[3], records("g", [0]))))[ghosts[3]])
+        assert ghosts[0] not in rig.engine.partition_states(), "let go once it was done"
+
+
 async def test_a_deleted_topic_is_answered_unknown_and_rebuilt_once_it_is_back() -> None:
     async with running(retry_s=(0.01, 0.01)) as rig:
         assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
