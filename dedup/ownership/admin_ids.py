@@ -52,7 +52,7 @@ class _AdminIdsFilter:
         if nodes is None:
             return Forward()
         request: Any = frame.decode()
-        translated = self._request(request, nodes.upstream_id)
+        translated = self._request(request, nodes.broker_of)
         return Forward(None if translated == request else translated)
 
     def wants_response(
@@ -77,12 +77,8 @@ class _AdminIdsFilter:
 
 
 def _local_node(nodes: NodeMap) -> _Ids:
-    def local(broker_id: int) -> int:
-        if not 0 <= broker_id < nodes.stride:
-            return broker_id
-        return nodes.local(broker_id).node_id
-
-    return local
+    """This instance's node for a broker; an id no node can stand for passes unchanged."""
+    return lambda broker_id: broker_id if broker_id >= nodes.stride else nodes.local_id(broker_id)
 
 
 def _ids(ids: Sequence[int], translate: _Ids) -> tuple[BrokerId, ...]:

@@ -65,7 +65,7 @@ class _NodesFilter:
         )
 
     def _local_id(self, node_id: int) -> int:
-        return node_id if node_id < 0 else self._ownership.nodes().local(node_id).node_id
+        return self._ownership.nodes().local_id(node_id)
 
 
 class OwnedMetadataFilter(_NodesFilter):

@@ -51,20 +51,20 @@ class NodeMap:
         """The node for a broker in a response this instance relays."""
         return self.of(self.me, broker_id)
 
+    def local_id(self, broker_id: int) -> int:
+        """`local`'s node id; a negative id (no broker) stays as it is."""
+        return broker_id if broker_id < 0 else self.local(broker_id).node_id
+
     def all(self, brokers: Iterable[int]) -> list[Node]:
         """Every node of every member for these brokers, once each, by id."""
         brokers = list(brokers)
         nodes = {n.node_id: n for m in self.members for b in brokers for n in [self.of(m, b)]}
         return [nodes[i] for i in sorted(nodes)]
 
-    def upstream_id(self, node_id: int) -> int:
-        """The broker id Kafka knows for a node id a client names in an admin request
-        (`dedup.ownership.admin_ids`); an id that is no member's node passes unchanged."""
+    def broker_of(self, node_id: int) -> int:
+        """The upstream broker behind a node id clients send (e.g. in an admin request,
+        `dedup.ownership.admin_ids`); an id that is no member's node passes unchanged."""
         if self.placement == "sidecar" or node_id < 0:
             return node_id
         slot, broker = divmod(node_id, self.stride)
         return broker if any(m.slot == slot for m in self.members) else node_id
-
-    def broker_of(self, node_id: int) -> int:
-        """The upstream broker behind a node id clients send (e.g. in an admin request)."""
-        return node_id if self.placement == "sidecar" else node_id % self.stride
