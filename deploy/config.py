@@ -458,7 +458,20 @@ def server_properties(
         "broker.heartbeat.interval.ms": "1000",
     }
     props.update(replication_settings(brokers))
+    if brokers > 1:
+        # A rack per node and Kafka's rack-aware selector, so a consumer that names its
+        # rack (client.rack, KIP-392) is sent to fetch from that rack's replica.
+        props["broker.rack"] = rack_of(node_id)
+        props["replica.selector.class"] = RACK_AWARE_SELECTOR
     return props
+
+
+RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+
+
+def rack_of(node_id: int) -> str:
+    """The rack of a node of a local cluster of several brokers."""
+    return f"rack-{node_id}"
 
 
 def render_properties(props: Mapping[str, str], header: str = "") -> str:

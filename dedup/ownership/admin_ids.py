@@ -44,8 +44,7 @@ class _AdminIdsFilter:
 
     def _renamed(self) -> NodeMap | None:
         """The node map while clients see nodes renamed; else None (nothing to do)."""
-        nodes = self._ownership.nodes()
-        return nodes if nodes.placement == "balanced" else None
+        return self._ownership.nodes() if self._ownership.renames_nodes() else None
 
     async def on_request(self, frame: RequestFrame, context: FilterContext) -> RequestDecision:
         nodes = self._renamed()

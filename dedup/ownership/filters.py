@@ -159,47 +159,54 @@ class OwnedCoordinatorFilter(_NodesFilter):
 
 
 class OwnedLeaderHintsFilter(_NodesFilter):
-    """KIP-951 hints in Produce (v10+) and Fetch (v16+) answers: the node endpoints and
-    each partition's ``current_leader`` name this instance's node for the broker. Decoded
-    only when the raw answer may name brokers (`FilterContext.may_name_brokers`)."""
+    """Answers that name brokers outside Metadata: KIP-951's node endpoints and each
+    partition's ``current_leader`` in Produce (v10+) and Fetch (v16+), and a Fetch
+    partition's ``preferred_read_replica`` (v11+, KIP-392: the replica in the consumer's
+    rack), all named by this instance's node for the broker. A preferred read replica
+    named by the broker's own id, which no node of a group has, would leave the consumer
+    asking for a node it cannot find, and reading nothing. Decoded only when the raw answer
+    may name brokers (`FilterContext.may_name_brokers`); ids alone only while the nodes
+    are renamed."""
 
-    def __init__(self, ownership: Ownership, api_key: ApiKey, first_version: int) -> None:
+    def __init__(
+        self, ownership: Ownership, api_key: ApiKey, first_version: int, first_id_version: int
+    ) -> None:
         super().__init__(ownership)
         self.response_keys = frozenset({api_key})
         self._api_key = api_key
         self._first_version = first_version
+        self._first_id_version = first_id_version
+        self._partitions = "partition_responses" if api_key is ApiKey.PRODUCE else "partitions"
 
     def wants_response(
         self, version: int, payload: bytes, body_start: int, context: FilterContext
     ) -> bool:
-        if version < self._first_version:
+        by_id = self._ownership.renames_nodes()
+        if version < (self._first_id_version if by_id else self._first_version):
             return False
-        return context.may_name_brokers(self._api_key, version, payload, body_start)
+        return context.may_name_brokers(self._api_key, version, payload, body_start, by_id)
 
     async def _rewrite(self, version: int, response: Any) -> Any:
-        endpoints = getattr(response, "node_endpoints", ())
-        if not endpoints:
-            return response
         topics = []
         for topic in response.responses:
-            parts_field = "partition_responses" if self._api_key is ApiKey.PRODUCE else "partitions"
-            parts = []
-            for part in getattr(topic, parts_field):
-                leader = part.current_leader
-                if leader is not None and int(leader.leader_id) >= 0:
-                    part = replace(
-                        part,
-                        current_leader=replace(
-                            leader, leader_id=BrokerId(self._local_id(int(leader.leader_id)))
-                        ),
-                    )
-                parts.append(part)
-            topics.append(replace(topic, **{parts_field: tuple(parts)}))
-        return replace(
-            response,
-            responses=tuple(topics),
-            node_endpoints=tuple(self._broker(e, int(e.node_id)) for e in endpoints),
-        )
+            parts = tuple(self._partition(p) for p in getattr(topic, self._partitions))
+            topics.append(replace(topic, **{self._partitions: parts}))
+        endpoints = getattr(response, "node_endpoints", ())
+        changes: dict[str, Any] = {"responses": tuple(topics)}
+        if endpoints:
+            changes["node_endpoints"] = tuple(self._broker(e, int(e.node_id)) for e in endpoints)
+        return replace(response, **changes)
+
+    def _partition(self, part: Any) -> Any:
+        changes: dict[str, Any] = {}
+        leader = getattr(part, "current_leader", None)  # Produce v10+, Fetch v12+
+        if leader is not None and int(leader.leader_id) >= 0:
+            local = BrokerId(self._local_id(int(leader.leader_id)))
+            changes["current_leader"] = replace(leader, leader_id=local)
+        replica = int(getattr(part, "preferred_read_replica", -1))  # Fetch v11+
+        if replica >= 0:
+            changes["preferred_read_replica"] = BrokerId(self._local_id(replica))
+        return replace(part, **changes) if changes else part
 
 
 def _every_node(nodes: NodeMap, brokers: Any, id_field: str) -> tuple[Any, ...]:
@@ -227,7 +234,7 @@ def ownership_filters(ownership: Ownership, policies: PolicyStore) -> list[objec
         OwnedTopicPartitionsFilter(ownership, policies),
         OwnedDescribeClusterFilter(ownership),
         OwnedCoordinatorFilter(ownership),
-        OwnedLeaderHintsFilter(ownership, ApiKey.PRODUCE, first_version=10),
-        OwnedLeaderHintsFilter(ownership, ApiKey.FETCH, first_version=16),
+        OwnedLeaderHintsFilter(ownership, ApiKey.PRODUCE, first_version=10, first_id_version=10),
+        OwnedLeaderHintsFilter(ownership, ApiKey.FETCH, first_version=16, first_id_version=11),
         *admin_id_filters(ownership),
     ]

@@ -133,11 +133,15 @@ class Ownership:
         return self._joined
 
     def nodes(self) -> NodeMap:
-        members = self.members
-        if self.placement == "balanced" and len(members) <= 1:
+        if self.placement == "balanced" and not self.renames_nodes():
             # One instance: the brokers' own node ids, exactly what Kafka would say.
             return NodeMap("sidecar", self.me, [self.me], self._stride)
-        return NodeMap(self.placement, self.me, members, self._stride)
+        return NodeMap(self.placement, self.me, self.members, self._stride)
+
+    def renames_nodes(self) -> bool:
+        """Whether clients know brokers by node ids other than the brokers' own (balanced
+        placement with several instances), so answers naming a broker by id are renamed."""
+        return self.placement == "balanced" and len(self.members) > 1
 
     def owner_of(self, key: Key) -> Member | None:
         """The member the placement gives this partition; None: unknown (leader unknown)."""

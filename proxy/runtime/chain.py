@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 from kio.static.protocol import RequestPayload, ResponsePayload
 
 from proxy.kafka.api_keys import ApiKey
-from proxy.kafka.fetch_endpoints import fetch_names_endpoints
+from proxy.kafka.fetch_names import NONE_NAMED, BrokerNames, fetch_broker_names
 from proxy.kafka.schemas import (
     api_name,
     decode_request_body,
@@ -40,19 +40,20 @@ from proxy.runtime import metrics
 
 
 class BrokerNamesLook:
-    """Whether the response being filtered may name brokers (KIP-951 endpoints), looked at
-    once however many filters ask: a Fetch response can be megabytes, two filters ask."""
+    """Whether the response being filtered may name brokers (KIP-951 endpoints, or ids
+    alone), looked at once however many filters ask: a Fetch response can be megabytes,
+    several filters ask."""
 
     __slots__ = ("_answer", "_payload", "_start")
 
     def __init__(self) -> None:
         self._payload: bytes | None = None
         self._start = -1
-        self._answer = False
+        self._answer = NONE_NAMED
 
     def may_name_brokers(
         self, topology: Topology, api_key: int, version: int, payload: bytes, start: int
-    ) -> bool:
+    ) -> BrokerNames:
         if payload is not self._payload or start != self._start:
             self._answer = _may_name_brokers(topology, api_key, version, payload, start)
             self._payload, self._start = payload, start
@@ -64,12 +65,14 @@ class BrokerNamesLook:
 
 def _may_name_brokers(
     topology: Topology, api_key: int, version: int, payload: bytes, start: int
-) -> bool:
+) -> BrokerNames:
     if api_key == ApiKey.FETCH:  # walked by its structure, per partition, not per byte
-        walked = fetch_names_endpoints(version, payload, start)
+        walked = fetch_broker_names(version, payload, start)
         if walked is not None:
             return walked
-    return topology.names_upstream_host(payload, start)
+    # Elsewhere an id comes with its broker's endpoint (KIP-951): one search says both.
+    named = topology.names_upstream_host(payload, start)
+    return BrokerNames(endpoints=named, ids=named)
 
 
 @dataclass(slots=True)
@@ -94,10 +97,15 @@ class FilterContext:
     look: BrokerNamesLook = field(default_factory=BrokerNamesLook, compare=False, repr=False)
     identity: ClientIdentity = field(default_factory=ClientIdentity, compare=False)
 
-    def may_name_brokers(self, api_key: int, version: int, payload: bytes, start: int) -> bool:
+    def may_name_brokers(
+        self, api_key: int, version: int, payload: bytes, start: int, by_id: bool = False
+    ) -> bool:
         """Whether the raw response from ``start`` on may carry broker endpoints to rewrite
-        (the cheap test before decoding one, KIP-951)."""
-        return self.look.may_name_brokers(self.topology, api_key, version, payload, start)
+        (the cheap test before decoding one, KIP-951); ``by_id``: or name a broker by id
+        alone (a Fetch answer's preferred read replica, KIP-392), for filters that rename
+        nodes."""
+        names = self.look.may_name_brokers(self.topology, api_key, version, payload, start)
+        return names.endpoints or (by_id and names.ids)
 
 
 class RequestFrame:

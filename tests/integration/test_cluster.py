@@ -6,16 +6,21 @@ other tests share is left alone; it is stopped again at the end to give back its
 
 from __future__ import annotations
 
+import json
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from deploy import paths
+from deploy.config import rack_of
 from deploy.launcher import ProxyProcess
-from deploy.local import EnvInfo, LocalEnvironment
+from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
 from tests.support.kafka_io import assert_exactly_once_in_order, consume_confluent, values
 from tests.support.load import BackgroundProducer, SequencedProducer
 from tests.support.ports import CLUSTER_ENV, CLUSTER_PROXY, CLUSTER_SIDECARS, ProxyPorts
@@ -24,6 +29,7 @@ from tests.support.topics import new_topic
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
+STRIDE = 1000  # node_id_stride, the default
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +219,101 @@ def test_sidecar_placement_ownership_follows_the_leader_it_is_killed_exactly_onc
     finally:
         for sidecar in sidecars:
             assert sidecar.stop() == 0
+
+
+def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_a_group(
+    three_brokers: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
+) -> None:
+    """KIP-392 through two instances in balanced placement: a consumer that names its rack
+    is told, in a Fetch answer, to read from the replica in its rack. The answer names that
+    broker by its own id, which no node of the group has; the consumer must be told a node
+    it knows, and read everything from the follower through it."""
+    _, info = three_brokers
+    topic, leader = replicated_topic(info)
+    follower = (leader + 1) % 3
+    total = 300
+    producer = Producer({"bootstrap.servers": info.bootstrap, "acks": "all"})
+    for i in range(total):
+        producer.produce(topic, str(i).encode(), partition=0)
+    assert producer.flush(60) == 0
+    prefix = f"racks-{uuid.uuid4().hex[:8]}"
+    group = [
+        cluster_proxy(
+            info,
+            tmp_path,
+            ports,
+            f"inst-{i}",
+            DEDUP_PROXY_REDIS_KEY_PREFIX=prefix,
+            DEDUP_PROXY_INSTANCE_ID=f"{prefix}-{i}",
+            DEDUP_PROXY_HEARTBEAT_S="0.5",
+        )
+        for i, ports in enumerate([CLUSTER_PROXY, CLUSTER_SIDECARS[0]])
+    ]
+    try:
+        wait_until(
+            lambda: all(len(admin_call(p, "GET", "/v1/ownership")["members"]) == 2 for p in group),
+            30,
+            "both instances see each other",
+        )
+        java = subprocess.run(
+            java_tool_command(
+                "org.apache.kafka.tools.consumer.ConsoleConsumer",
+                "--bootstrap-server",
+                group[1].bootstrap,
+                "--topic",
+                topic,
+                "--from-beginning",
+                "--max-messages",
+                str(total),
+                "--timeout-ms",
+                "60000",
+                "--command-property",
+                f"client.rack={rack_of(follower)}",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert java.stdout.split() == [str(i) for i in range(total)], java.stderr[-2000:]
+        read, fetched_from = read_as_rack(group[1].bootstrap, topic, total, rack_of(follower))
+        assert read == [str(i).encode() for i in range(total)]
+        assert fetched_from % STRIDE == follower, f"read from node {fetched_from}, not the follower"
+        assert fetched_from >= STRIDE, "a node of the group, not the broker's own id"
+    finally:
+        for proxy in group:
+            assert proxy.stop() == 0
+
+
+def read_as_rack(bootstrap: str, topic: str, count: int, rack: str) -> tuple[list[bytes], int]:
+    """Partition 0 of the topic read from the start by a consumer in ``rack``: the values,
+    and the node librdkafka says it fetched them from last (its statistics)."""
+    fetched_from: list[int] = []
+
+    def on_stats(text: str) -> None:
+        partition = json.loads(text)["topics"].get(topic, {}).get("partitions", {}).get("0")
+        if partition is not None and partition["broker"] >= 0:
+            fetched_from.append(int(partition["broker"]))
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"rack-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "client.rack": rack,
+            "statistics.interval.ms": 200,
+            "stats_cb": on_stats,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    read: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(read) < count and time.monotonic() < deadline:
+            for message in consumer.consume(500, timeout=0.5):
+                assert message.error() is None, message.error()
+                read.append(message.value())
+        consumer.consume(1, timeout=0.5)  # one more round of statistics after the last fetch
+    finally:
+        consumer.close()
+    assert fetched_from, "librdkafka reported statistics"
+    return read, fetched_from[-1]

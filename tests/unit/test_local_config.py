@@ -78,6 +78,15 @@ def test_three_nodes_replicate_three_ways_and_need_two_in_sync() -> None:
         assert p["share.coordinator.state.topic.min.isr"] == "2"
 
 
+def test_several_nodes_each_have_a_rack_and_fetch_by_rack() -> None:
+    racks = {props(node, 3)["broker.rack"] for node in range(3)}
+    assert racks == {"rack-0", "rack-1", "rack-2"}
+    assert props(2, 3)["replica.selector.class"] == (
+        "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+    )
+    assert "broker.rack" not in props(0, 1), "one node: no rack, as Kafka's own default"
+
+
 def test_port_base_moves_every_listener() -> None:
     p = props(1, 3, Ports(kafka_base=29092))
     assert p["listeners"] == "PLAINTEXT://127.0.0.1:29093,CONTROLLER://127.0.0.1:29193"

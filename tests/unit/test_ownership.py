@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import importlib
 import uuid
 from collections import Counter
 from typing import Any
@@ -15,15 +16,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.schema.types import BrokerId, TopicName
-from kio.static.primitive import i32, i32Timedelta
+from kio.static.primitive import i32, i32Timedelta, i64
 
-from dedup.ownership.filters import OwnedMetadataFilter
+from dedup.ownership.filters import OwnedLeaderHintsFilter, OwnedMetadataFilter
 from dedup.ownership.members import Member, Membership
 from dedup.ownership.nodes import NodeMap
 from dedup.ownership.owner import Ownership
 from dedup.ownership.placement import broker_owner, partition_owner, rendezvous
 from dedup.policies import Mode, PolicySnapshot
-from proxy.kafka.topology import Endpoint
+from proxy.kafka.api_keys import ApiKey
+from proxy.kafka.schemas import encode_body
+from proxy.kafka.topology import Endpoint, Topology
+from proxy.runtime.chain import FilterContext
 from proxy.runtime.cluster import NoSuchPartition
 
 
@@ -221,3 +225,81 @@ async def test_a_held_partition_kafka_no_longer_has_is_not_warned_of_every_beat(
     assert [(e["event"], e["topic"]) for e in logs] == [
         ("partition leader not learned", "unreachable")
     ]
+
+
+def fetch_response(version: int, preferred: int, endpoints: int = 0) -> Any:
+    """One partition of one topic, naming ``preferred`` as its preferred read replica (-1:
+    none), with ``endpoints`` KIP-951 node endpoints (v16+)."""
+    module: Any = importlib.import_module(f"kio.schema.fetch.v{version}.response")
+    topic = {"topic_id": uuid.uuid4()} if version >= 13 else {"topic": TopicName("t")}
+    extra = {}
+    if version >= 16:
+        extra["node_endpoints"] = tuple(
+            module.NodeEndpoint(node_id=BrokerId(b), host="me", port=i32(9100 + b), rack=None)
+            for b in range(endpoints)
+        )
+    return module.FetchResponse(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        error_code=ErrorCode.none,
+        session_id=i32(0),
+        responses=(
+            module.FetchableTopicResponse(
+                **topic,
+                partitions=(
+                    module.PartitionData(
+                        partition_index=i32(0),
+                        error_code=ErrorCode.none,
+                        high_watermark=i64(10),
+                        last_stable_offset=i64(10),
+                        log_start_offset=i64(0),
+                        aborted_transactions=None,
+                        preferred_read_replica=BrokerId(preferred),
+                        records=None,
+                    ),
+                ),
+            ),
+        ),
+        **extra,
+    )
+
+
+def fetch_hints(owner: Ownership) -> OwnedLeaderHintsFilter:
+    return OwnedLeaderHintsFilter(owner, ApiKey.FETCH, first_version=16, first_id_version=11)
+
+
+def wants(filter_: OwnedLeaderHintsFilter, version: int, response: Any) -> bool:
+    header = (7).to_bytes(4, "big") + (b"\x00" if version >= 12 else b"")
+    context = FilterContext(Topology([Endpoint("kafka", 9092)], "proxy", broker_port_base=40000))
+    payload = header + encode_body(response)
+    return filter_.wants_response(version, payload, len(header), context)
+
+
+@pytest.mark.parametrize("version", [11, 12, 13, 16, 17])
+async def test_a_preferred_read_replica_is_named_by_this_instances_node_in_a_group(
+    version: int,
+) -> None:
+    """KIP-392: a Fetch answer sends a consumer to the replica in its rack, by the broker's
+    own id. Through a group, no node has that id: it must be this instance's node."""
+    filter_ = fetch_hints(ownership_of(B, [A, B]))
+    redirect = fetch_response(version, preferred=2)
+    assert wants(filter_, version, redirect), "decoded: it names a broker by id"
+    assert not wants(filter_, version, fetch_response(version, preferred=-1))
+    out: Any = await filter_.on_response(version, redirect, None)  # type: ignore[arg-type]
+    assert int(out.responses[0].partitions[0].preferred_read_replica) == 2002
+    untouched: Any = await filter_.on_response(
+        version,
+        fetch_response(version, preferred=-1),
+        None,  # type: ignore[arg-type]
+    )
+    assert int(untouched.responses[0].partitions[0].preferred_read_replica) == -1
+
+
+async def test_alone_the_brokers_own_ids_stand_and_no_fetch_answer_is_decoded_for_them() -> None:
+    filter_ = fetch_hints(ownership_of(A, [A]))
+    assert not wants(filter_, 11, fetch_response(11, preferred=2)), "v11: not even walked"
+    assert not wants(filter_, 16, fetch_response(16, preferred=2)), "no endpoints to rename"
+    with_endpoints = fetch_response(16, preferred=2, endpoints=2)
+    assert wants(filter_, 16, with_endpoints)
+    out: Any = await filter_.on_response(16, with_endpoints, None)  # type: ignore[arg-type]
+    assert int(out.responses[0].partitions[0].preferred_read_replica) == 2
+    assert [int(e.node_id) for e in out.node_endpoints] == [0, 1]
