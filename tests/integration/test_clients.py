@@ -176,6 +176,14 @@ def test_admin_operations_through_the_proxy(proxy: ProxyProcess, local_env: EnvI
     admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     name = f"adm-{uuid.uuid4().hex[:10]}"
     admin.create_topics([NewTopic(name, num_partitions=3, replication_factor=-1)])[name].result(30)
+    # As Kafka's admin client documents, a topic just created may take a moment to reach
+    # the brokers' metadata (measured directly against the local broker: most times the
+    # next Metadata still says UNKNOWN_TOPIC_OR_PARTITION).
+    wait_until(
+        lambda: admin.list_topics(name, timeout=30).topics[name].error is None,
+        30,
+        "the new topic reaches the broker's metadata",
+    )
     assert len(admin.list_topics(name, timeout=30).topics[name].partitions) == 3
 
     cluster = admin.describe_cluster().result(30)
