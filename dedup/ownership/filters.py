@@ -5,8 +5,9 @@ listener in place of every broker; these run after them (earlier in the chain: r
 filters run in reverse) and describe the nodes of every live instance instead
 (`dedup.ownership.nodes`). In a Metadata response, a partition of a topic with dedup on is
 led by its owner's node for the leader broker; everything else (replicas, coordinators,
-the controller, KIP-951 endpoints in Produce and Fetch answers) by this instance's node for
-the broker, so consumers and admin clients keep working through any instance. Admin
+the controller, KIP-951 endpoints in Produce, Fetch and share-group answers, a Fetch
+answer's preferred read replica) by this instance's node for the broker, so consumers and
+admin clients keep working through any instance. Admin
 requests that name brokers by those ids are translated back (`dedup.ownership.admin_ids`).
 """
 
@@ -160,7 +161,8 @@ class OwnedCoordinatorFilter(_NodesFilter):
 
 class OwnedLeaderHintsFilter(_NodesFilter):
     """Answers that name brokers outside Metadata: KIP-951's node endpoints and each
-    partition's ``current_leader`` in Produce (v10+) and Fetch (v16+), and a Fetch
+    partition's ``current_leader`` in Produce (v10+), Fetch (v16+) and the share-group
+    ShareFetch and ShareAcknowledge (KIP-932), and a Fetch
     partition's ``preferred_read_replica`` (v11+, KIP-392: the replica in the consumer's
     rack), all named by this instance's node for the broker. A preferred read replica
     named by the broker's own id, which no node of a group has, would leave the consumer
@@ -236,5 +238,9 @@ def ownership_filters(ownership: Ownership, policies: PolicyStore) -> list[objec
         OwnedCoordinatorFilter(ownership),
         OwnedLeaderHintsFilter(ownership, ApiKey.PRODUCE, first_version=10, first_id_version=10),
         OwnedLeaderHintsFilter(ownership, ApiKey.FETCH, first_version=16, first_id_version=11),
+        OwnedLeaderHintsFilter(ownership, ApiKey.SHARE_FETCH, first_version=0, first_id_version=0),
+        OwnedLeaderHintsFilter(
+            ownership, ApiKey.SHARE_ACKNOWLEDGE, first_version=0, first_id_version=0
+        ),
         *admin_id_filters(ownership),
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import importlib
 import uuid
@@ -18,7 +19,11 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i32, i32Timedelta, i64
 
-from dedup.ownership.filters import OwnedLeaderHintsFilter, OwnedMetadataFilter
+from dedup.ownership.filters import (
+    OwnedLeaderHintsFilter,
+    OwnedMetadataFilter,
+    ownership_filters,
+)
 from dedup.ownership.members import Member, Membership
 from dedup.ownership.nodes import NodeMap
 from dedup.ownership.owner import Ownership
@@ -303,3 +308,50 @@ async def test_alone_the_brokers_own_ids_stand_and_no_fetch_answer_is_decoded_fo
     out: Any = await filter_.on_response(16, with_endpoints, None)  # type: ignore[arg-type]
     assert int(out.responses[0].partitions[0].preferred_read_replica) == 2
     assert [int(e.node_id) for e in out.node_endpoints] == [0, 1]
+
+
+def build(entity: Any, **values: Any) -> Any:
+    """An entity of one API version, given the values of those of its fields it has."""
+    return entity(**{f.name: values[f.name] for f in dataclasses.fields(entity)})
+
+
+@pytest.mark.parametrize("api", ["share_fetch", "share_acknowledge"])
+async def test_share_group_answers_name_the_new_leader_by_this_instances_node(api: str) -> None:
+    """KIP-932's ShareFetch and ShareAcknowledge carry KIP-951 hints as Fetch does."""
+    module: Any = importlib.import_module(f"kio.schema.{api}.v1.response")
+    kind = "Fetch" if api == "share_fetch" else "Acknowledge"
+    part = build(
+        module.PartitionData,
+        partition_index=i32(0),
+        error_code=ErrorCode.not_leader_or_follower,
+        error_message=None,
+        acknowledge_error_code=ErrorCode.none,
+        acknowledge_error_message=None,
+        current_leader=module.LeaderIdAndEpoch(leader_id=BrokerId(1), leader_epoch=i32(6)),
+        records=None,
+        acquired_records=(),
+    )
+    topic = getattr(module, f"Share{'Fetchable' if kind == 'Fetch' else kind}TopicResponse")
+    response = build(
+        getattr(module, f"Share{kind}Response"),
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        error_code=ErrorCode.none,
+        error_message=None,
+        acquisition_lock_timeout=i32(30000),
+        responses=(topic(topic_id=uuid.uuid4(), partitions=(part,)),),
+        node_endpoints=(
+            module.NodeEndpoint(node_id=BrokerId(1), host="me", port=i32(9101), rack=None),
+        ),
+    )
+    owner = ownership_of(B, [A, B])
+    policies: Any = _Policies(PolicySnapshot(Mode.ENABLED))
+    (filter_,) = [
+        f
+        for f in ownership_filters(owner, policies)
+        if getattr(f, "response_keys", ()) == {ApiKey[api.upper()]}
+    ]
+    out: Any = await filter_.on_response(1, response, None)  # type: ignore[attr-defined]
+    assert int(out.responses[0].partitions[0].current_leader.leader_id) == 2001
+    assert [(int(e.node_id), e.host, int(e.port)) for e in out.node_endpoints] == [
+        (2001, "b-host", 9101)
+    ]
