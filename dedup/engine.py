@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -102,7 +103,8 @@ log = structlog.get_logger(__name__)
 
 # Partitions Kafka said it does not have whose place in line is kept (about 3 KB each)
 MAX_ABSENT_PARTITIONS = 10_000
-# Leader lookups at once for a request's partitions met for the first time
+# Topics whose leaders are looked up at once for a request's partitions met for the first
+# time (one Metadata request each, shared by the topic's partitions)
 FIRST_USE_LOOKUPS = 8
 
 SETTLE_WAIT_S = 30.0  # how long a request waits for the reset after a failed write
@@ -750,14 +752,18 @@ class DedupEngine:
         if len(first) < 2 or not self._owners.ready():
             return  # one partition: its gate does the same
         keys = sorted(first)
-        lookups = asyncio.Semaphore(FIRST_USE_LOOKUPS)  # each a connection to Kafka
+        lookups = asyncio.Semaphore(FIRST_USE_LOOKUPS)  # topics at once, each a connection
 
-        async def leader_of(key: Key) -> tuple[int, int] | None:
-            async with lookups:
-                return await self._owners.learn_leader(key)
+        async def leaders_of(topic_keys: list[Key]) -> list[object]:
+            async with lookups:  # a topic's lookups share one Metadata request
+                return await asyncio.gather(
+                    *(self._owners.learn_leader(key) for key in topic_keys),
+                    return_exceptions=True,
+                )
 
-        found = await asyncio.gather(*(leader_of(key) for key in keys), return_exceptions=True)
-        for key, leader in zip(keys, found, strict=True):
+        by_topic = [list(group) for _, group in itertools.groupby(keys, key=lambda k: k[0])]
+        found = await asyncio.gather(*(leaders_of(group) for group in by_topic))
+        for key, leader in zip(keys, itertools.chain.from_iterable(found), strict=True):
             # A failed lookup (no such partition, no answer) is the gate's to answer.
             if not isinstance(leader, BaseException) and self._owners.serves_here(key):
                 self._recoveries.request(key, "first use")

@@ -27,6 +27,7 @@ class UpstreamCluster:
         self._connect_timeout_s = connect_timeout_s
         self._security = security
         self.last_refresh_ok: float | None = None  # event loop time of the last good refresh
+        self._asking: dict[str, asyncio.Future[Any | None]] = {}  # topic: its Metadata
 
     def known_upstreams(self) -> list[Endpoint]:
         return self.topology.known_upstreams()
@@ -67,6 +68,30 @@ class UpstreamCluster:
         topic does not exist or has no such partition (it may be being created: a broker
         can lag behind the controller, so the answer is Kafka's retriable
         UNKNOWN_TOPIC_OR_PARTITION, not a final one)."""
+        response = await self._topic_metadata(topic)
+        return None if response is None else leader_in_answer(response, topic, partition)
+
+    async def _topic_metadata(self, topic: str) -> Any | None:
+        """The topic's Metadata answer, one request shared by every lookup of the topic
+        made while it is under way: a producer's first request to a topic's many
+        partitions asks once, not once per partition (each a connection of its own)."""
+        asking = self._asking.get(topic)
+        if asking is None:
+            asking = asyncio.ensure_future(self._ask_topic(topic))
+            self._asking[topic] = asking
+            asking.add_done_callback(lambda done: self._asked(topic, done))
+        # One lookup given up (its request timed out) does not end the others'.
+        return await asyncio.shield(asking)
+
+    def _asked(self, topic: str, done: asyncio.Future[Any | None]) -> None:
+        if self._asking.get(topic) is done:
+            del self._asking[topic]
+        if not done.cancelled():
+            done.exception()  # retrieved: every waiter may have given up
+
+    async def _ask_topic(self, topic: str) -> Any | None:
+        """The topic's Metadata answer from the first broker that gives one; None: none
+        did."""
         request = MetadataRequest(
             topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
             allow_auto_topic_creation=False,
@@ -82,7 +107,7 @@ class UpstreamCluster:
                 continue
             brokers = [(int(b.node_id), b.host, int(b.port)) for b in response.brokers]
             await self.topology.observe(brokers, complete=True)
-            return leader_in_answer(response, topic, partition)
+            return response
         return None
 
 

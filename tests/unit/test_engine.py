@@ -58,7 +58,7 @@ from dedup.batches import (
     read_batches,
     restamp_batch,
 )
-from dedup.engine import READ_IN_THREAD_BYTES, DedupEngine, PartitionAnswer
+from dedup.engine import FIRST_USE_LOOKUPS, READ_IN_THREAD_BYTES, DedupEngine, PartitionAnswer
 from dedup.fencing import FenceError
 from dedup.ownership.nodes import Node
 from dedup.ownership.owner import Redirect
@@ -534,7 +534,16 @@ class FakeOwners:
 
     absent: set[Key] = field(default_factory=set)  # Kafka has no such partition
 
+    looking_up: int = 0  # lookups under way
+    most_at_once: int = 0
+
     async def learn_leader(self, key: Key) -> tuple[int, int] | None:
+        self.looking_up += 1
+        self.most_at_once = max(self.most_at_once, self.looking_up)
+        try:
+            await asyncio.sleep(0)
+        finally:
+            self.looking_up -= 1
         if key in self.absent:
             raise NoSuchPartition(f"topic {key[0]} has no partition {key[1]}")
         return 1, 3
@@ -1725,6 +1734,16 @@ async def test_a_requests_partitions_met_for_the_first_time_are_recovered_togeth
         answers = await rig.send(*((key, records("p", [0])) for key in keys))
         assert all(ok(answers[key]) for key in keys)
         assert [sorted(run) for run in rig.recovery.calls] == [keys], "one recovery run"
+
+
+async def test_a_topics_first_used_partitions_are_looked_up_all_at_once() -> None:
+    """A topic's lookups share one Metadata request (`UpstreamCluster.partition_leader`):
+    only the number of topics looked up at once is bounded, not of partitions."""
+    keys = [("orders", p) for p in range(3 * FIRST_USE_LOOKUPS)]
+    async with running() as rig:
+        answers = await rig.send(*((key, records("p", [0])) for key in keys))
+        assert all(ok(answers[key]) for key in keys)
+        assert rig.owners.most_at_once == len(keys)
 
 
 async def test_only_the_latest_partitions_kafka_does_not_have_keep_a_state() -> None:

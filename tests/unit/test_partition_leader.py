@@ -1,15 +1,18 @@
 """What a Metadata answer says of one partition (`proxy.runtime.cluster`): its leader,
-unknown, or no such partition (Kafka's UNKNOWN_TOPIC_OR_PARTITION)."""
+unknown, or no such partition (Kafka's UNKNOWN_TOPIC_OR_PARTITION); and lookups of one
+topic under way together sharing one request."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
 
-from proxy.runtime.cluster import NoSuchPartition, leader_in_answer
+from proxy.kafka.topology import Endpoint, Topology
+from proxy.runtime.cluster import NoSuchPartition, UpstreamCluster, leader_in_answer
 
 
 def answer(error: ErrorCode = ErrorCode.none, partitions: Any = ((0, 0),), name: str = "t") -> Any:
@@ -57,3 +60,58 @@ def test_no_such_partition(reply: Any, partition: int) -> None:
 )
 def test_unknown_is_not_absent(reply: Any) -> None:
     assert leader_in_answer(reply, "t", 0) is None
+
+
+async def settled() -> None:
+    """Let every task started so far run until it waits (a lookup, then its request)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+class CountingCluster(UpstreamCluster):
+    """The lookup's sharing alone: each Metadata request counted, answered when told."""
+
+    def __init__(self) -> None:
+        super().__init__(Topology([Endpoint("kafka", 9092)], "proxy", broker_port_base=40000), 1.0)
+        self.asked: list[str] = []
+        self.answer: asyncio.Future[Any] | None = None
+
+    async def _ask_topic(self, topic: str) -> Any:
+        self.asked.append(topic)
+        self.answer = asyncio.get_running_loop().create_future()
+        return await self.answer
+
+
+async def test_lookups_of_one_topic_under_way_together_share_one_request() -> None:
+    cluster = CountingCluster()
+    lookups = [asyncio.ensure_future(cluster.partition_leader("t", p)) for p in range(3)]
+    given_up = asyncio.ensure_future(cluster.partition_leader("t", 0))
+    await settled()
+    assert cluster.asked == ["t"]
+    given_up.cancel()  # one lookup given up does not end the others'
+    await settled()
+    assert cluster.answer is not None
+    cluster.answer.set_result(answer(partitions=((0, 0), (1, 0))))
+    assert await asyncio.gather(*lookups[:2]) == [(2, 5), (2, 5)]
+    with pytest.raises(NoSuchPartition):
+        await lookups[2]
+    later = asyncio.ensure_future(cluster.partition_leader("t", 1))
+    await settled()
+    assert cluster.asked == ["t", "t"], "asked again once the answer is in"
+    cluster.answer.set_result(None)
+    assert await later is None
+
+
+async def test_a_failed_request_fails_each_lookup_of_it_and_is_not_kept() -> None:
+    cluster = CountingCluster()
+    lookups = [asyncio.ensure_future(cluster.partition_leader("t", p)) for p in range(2)]
+    await settled()
+    assert cluster.answer is not None
+    cluster.answer.set_exception(ValueError("undecodable answer"))
+    for lookup in lookups:
+        with pytest.raises(ValueError, match="undecodable"):
+            await lookup
+    again = asyncio.ensure_future(cluster.partition_leader("t", 0))
+    await settled()
+    cluster.answer.set_result(answer())
+    assert await again == (2, 5) and cluster.asked == ["t", "t"]
