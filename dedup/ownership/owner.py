@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -272,13 +273,18 @@ class Ownership:
                 task.add_done_callback(self._handoffs.discard)
 
     async def _learn_leaders(self, keys: list[Key]) -> None:
-        for key in keys:
-            try:
-                await self.learn_leader(key)
-            except NoSuchPartition:
-                continue  # a topic deleted under it: the engine's topic-id check acts on it
-            except Exception as exc:  # the next beat asks again
-                log.warning("partition leader not learned", topic=key[0], error=str(exc))
+        """Topic by topic; a topic's partitions at once, so that their lookups share one
+        Metadata request (`UpstreamCluster.partition_leader`)."""
+        for _, of_topic in itertools.groupby(sorted(keys), key=lambda key: key[0]):
+            topic_keys = list(of_topic)
+            found = await asyncio.gather(
+                *(self.learn_leader(key) for key in topic_keys), return_exceptions=True
+            )
+            for key, result in zip(topic_keys, found, strict=True):
+                # No such partition: a topic deleted under it, which the engine's topic-id
+                # check acts on. Anything else: the next beat asks again.
+                if isinstance(result, Exception) and not isinstance(result, NoSuchPartition):
+                    log.warning("partition leader not learned", topic=key[0], error=str(result))
 
     def _lost(self, key: Key) -> None:
         self.dropped(key)

@@ -232,6 +232,26 @@ async def test_a_held_partition_kafka_no_longer_has_is_not_warned_of_every_beat(
     ]
 
 
+async def test_the_leaders_of_a_topics_held_partitions_are_asked_at_once() -> None:
+    """So that their lookups share one Metadata request; topics one after another."""
+    owner = ownership_of(A, [A])
+    under_way: list[str] = []
+    most: dict[str, int] = {}
+
+    async def lookup(topic: str, partition: int) -> tuple[int, int] | None:
+        under_way.append(topic)
+        most[topic] = max(most.get(topic, 0), under_way.count(topic))
+        assert set(under_way) == {topic}, "one topic at a time"
+        await asyncio.sleep(0)
+        under_way.remove(topic)
+        return 1, 2
+
+    owner._leader_lookup = lookup
+    await owner._learn_leaders([("a", 0), ("b", 1), ("a", 1), ("b", 0), ("a", 2)])
+    assert most == {"a": 3, "b": 2}
+    assert owner.leader(("b", 1)) == (1, 2)
+
+
 def fetch_response(version: int, preferred: int, endpoints: int = 0) -> Any:
     """One partition of one topic, naming ``preferred`` as its preferred read replica (-1:
     none), with ``endpoints`` KIP-951 node endpoints (v16+)."""
