@@ -7,8 +7,8 @@ filters run in reverse) and describe the nodes of every live instance instead
 led by its owner's node for the leader broker; everything else (replicas, coordinators,
 the controller, KIP-951 endpoints in Produce, Fetch and share-group answers, a Fetch
 answer's preferred read replica) by this instance's node for the broker, so consumers and
-admin clients keep working through any instance. Admin
-requests that name brokers by those ids are translated back (`dedup.ownership.admin_ids`).
+admin clients keep working through any instance. Admin requests that name brokers by
+those ids are translated back (`dedup.ownership.admin_ids`).
 """
 
 from __future__ import annotations
@@ -160,15 +160,14 @@ class OwnedCoordinatorFilter(_NodesFilter):
 
 
 class OwnedLeaderHintsFilter(_NodesFilter):
-    """Answers that name brokers outside Metadata: KIP-951's node endpoints and each
-    partition's ``current_leader`` in Produce (v10+), Fetch (v16+) and the share-group
-    ShareFetch and ShareAcknowledge (KIP-932), and a Fetch
-    partition's ``preferred_read_replica`` (v11+, KIP-392: the replica in the consumer's
-    rack), all named by this instance's node for the broker. A preferred read replica
-    named by the broker's own id, which no node of a group has, would leave the consumer
-    asking for a node it cannot find, and reading nothing. Decoded only when the raw answer
-    may name brokers (`FilterContext.may_name_brokers`); ids alone only while the nodes
-    are renamed."""
+    """Answers that name brokers outside Metadata, all named by this instance's node for
+    the broker: KIP-951's node endpoints and each partition's ``current_leader`` in
+    Produce (v10+), Fetch (v16+) and the share-group ShareFetch and ShareAcknowledge
+    (KIP-932); and a Fetch partition's ``preferred_read_replica`` (v11+, KIP-392: the
+    replica in the consumer's rack). A preferred read replica named by the broker's own
+    id, which no node of a group has, would leave the consumer asking for a node it cannot
+    find, and reading nothing. Decoded only when the raw answer may name brokers
+    (`FilterContext.may_name_brokers`); by ids alone only while the nodes are renamed."""
 
     def __init__(
         self, ownership: Ownership, api_key: ApiKey, first_version: int, first_id_version: int
