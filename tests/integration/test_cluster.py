@@ -229,13 +229,7 @@ def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_a_group(
     broker by its own id, which no node of the group has; the consumer must be told a node
     it knows, and read everything from the follower through it."""
     _, info = three_brokers
-    topic, leader = replicated_topic(info)
-    follower = (leader + 1) % 3
-    total = 300
-    producer = Producer({"bootstrap.servers": info.bootstrap, "acks": "all"})
-    for i in range(total):
-        producer.produce(topic, str(i).encode(), partition=0)
-    assert producer.flush(60) == 0
+    topic, follower, total = written_with_a_follower(info)
     prefix = f"racks-{uuid.uuid4().hex[:8]}"
     group = [
         cluster_proxy(
@@ -282,6 +276,33 @@ def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_a_group(
     finally:
         for proxy in group:
             assert proxy.stop() == 0
+
+
+def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_one_instance(
+    three_brokers: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
+) -> None:
+    """KIP-392 through one instance, which keeps the brokers' own ids: the preferred read
+    replica passes as Kafka named it."""
+    _, info = three_brokers
+    topic, follower, total = written_with_a_follower(info)
+    proxy = cluster_proxy(info, tmp_path)
+    try:
+        read, fetched_from = read_as_rack(proxy.bootstrap, topic, total, rack_of(follower))
+        assert read == [str(i).encode() for i in range(total)]
+        assert fetched_from == follower, f"read from node {fetched_from}, not the follower"
+    finally:
+        assert proxy.stop() == 0
+
+
+def written_with_a_follower(info: EnvInfo, total: int = 300) -> tuple[str, int, int]:
+    """A topic replicated three ways holding ``total`` records, written directly, and a
+    follower of its partition."""
+    topic, leader = replicated_topic(info)
+    producer = Producer({"bootstrap.servers": info.bootstrap, "acks": "all"})
+    for i in range(total):
+        producer.produce(topic, str(i).encode(), partition=0)
+    assert producer.flush(60) == 0
+    return topic, (leader + 1) % 3, total
 
 
 def read_as_rack(bootstrap: str, topic: str, count: int, rack: str) -> tuple[list[bytes], int]:
