@@ -1,4 +1,5 @@
-"""A three-broker cluster behind the proxy: the partition leader dies under load and returns.
+"""A three-broker cluster behind the proxy: the partition leader dies under load and returns;
+a consumer that names its rack reads from its rack's replica (each broker has a rack).
 
 Runs on its own local environment (own state home and ports), so the single-broker one the
 other tests share is left alone; it is stopped again at the end to give back its memory.
