@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -76,7 +75,7 @@ from dedup.bindings import ProducerBindings
 from dedup.chunks import ChunkMeta, ChunkProgress
 from dedup.group_check import GroupCheck
 from dedup.local_check import LocalCheck
-from dedup.ownership.owner import Redirect
+from dedup.ownership.owner import Redirect, leaders_by_topic
 from dedup.partitions import Key, PartitionState, _Ticket
 from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot
@@ -751,19 +750,8 @@ class DedupEngine:
         }
         if len(first) < 2 or not self._owners.ready():
             return  # one partition: its gate does the same
-        keys = sorted(first)
-        lookups = asyncio.Semaphore(FIRST_USE_LOOKUPS)  # topics at once, each a connection
-
-        async def leaders_of(topic_keys: list[Key]) -> list[object]:
-            async with lookups:  # a topic's lookups share one Metadata request
-                return await asyncio.gather(
-                    *(self._owners.learn_leader(key) for key in topic_keys),
-                    return_exceptions=True,
-                )
-
-        by_topic = [list(group) for _, group in itertools.groupby(keys, key=lambda k: k[0])]
-        found = await asyncio.gather(*(leaders_of(group) for group in by_topic))
-        for key, leader in zip(keys, itertools.chain.from_iterable(found), strict=True):
+        found = await leaders_by_topic(first, self._owners.learn_leader, FIRST_USE_LOOKUPS)
+        for key, leader in found:
             # A failed lookup (no such partition, no answer) is the gate's to answer.
             if not isinstance(leader, BaseException) and self._owners.serves_here(key):
                 self._recoveries.request(key, "first use")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import structlog
@@ -47,6 +47,28 @@ class Redirect:
 
 LeaderLookup = Callable[[str, int], Awaitable[tuple[int, int] | None]]
 Handoff = Callable[[Lease], Awaitable[bool]]  # settle and snapshot; True: clean
+
+
+Leader = tuple[int, int] | None  # a partition's leader id and epoch; None: not known
+
+
+async def leaders_by_topic(
+    keys: Iterable[Key], learn: Callable[[Key], Awaitable[Leader]], topics_at_once: int
+) -> list[tuple[Key, Leader | BaseException]]:
+    """Each partition's leader by ``learn`` (`Ownership.learn_leader`), or what it raised:
+    a topic's partitions at once, so that their lookups share one Metadata request
+    (`UpstreamCluster.partition_leader`), and at most ``topics_at_once`` topics at a time
+    (each a connection to Kafka), in topic order."""
+    keys = sorted(keys)
+    limit = asyncio.Semaphore(topics_at_once)
+
+    async def of_topic(topic_keys: list[Key]) -> list[Leader | BaseException]:
+        async with limit:
+            return await asyncio.gather(*(learn(key) for key in topic_keys), return_exceptions=True)
+
+    groups = [list(group) for _, group in itertools.groupby(keys, key=lambda key: key[0])]
+    found = await asyncio.gather(*(of_topic(group) for group in groups))
+    return list(zip(keys, itertools.chain.from_iterable(found), strict=True))
 
 
 class Ownership:
@@ -273,18 +295,12 @@ class Ownership:
                 task.add_done_callback(self._handoffs.discard)
 
     async def _learn_leaders(self, keys: list[Key]) -> None:
-        """Topic by topic; a topic's partitions at once, so that their lookups share one
-        Metadata request (`UpstreamCluster.partition_leader`)."""
-        for _, of_topic in itertools.groupby(sorted(keys), key=lambda key: key[0]):
-            topic_keys = list(of_topic)
-            found = await asyncio.gather(
-                *(self.learn_leader(key) for key in topic_keys), return_exceptions=True
-            )
-            for key, result in zip(topic_keys, found, strict=True):
-                # No such partition: a topic deleted under it, which the engine's topic-id
-                # check acts on. Anything else: the next beat asks again.
-                if isinstance(result, Exception) and not isinstance(result, NoSuchPartition):
-                    log.warning("partition leader not learned", topic=key[0], error=str(result))
+        """Topic after topic (`leaders_by_topic`)."""
+        for key, result in await leaders_by_topic(keys, self.learn_leader, topics_at_once=1):
+            # No such partition: a topic deleted under it, which the engine's topic-id
+            # check acts on. Anything else: the next beat asks again.
+            if isinstance(result, Exception) and not isinstance(result, NoSuchPartition):
+                log.warning("partition leader not learned", topic=key[0], error=str(result))
 
     def _lost(self, key: Key) -> None:
         self.dropped(key)
