@@ -116,8 +116,28 @@ class ProxyProcess:
 
     def health(self) -> dict[str, Any] | None:
         """The /healthz answer while healthy (200), else None."""
-        health = _health(self.admin_url, self.admin_tls)
+        health = self.health_answer()
         return health if health is not None and health.get("status") == "ok" else None
+
+    def health_answer(self) -> dict[str, Any] | None:
+        """The /healthz answer, healthy (200) or not (503); None if nothing answers."""
+        return _health(self.admin_url, self.admin_tls)
+
+    def broker_port(self, node_id: int = 0, timeout_s: float = 10.0) -> int:
+        """The port of this proxy's listener for upstream broker ``node_id``, as /healthz
+        reports it, healthy or not: a proxy whose metadata is stale still listens."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            health = self.health_answer()
+            port = None if health is None else health.get("broker_listeners", {}).get(str(node_id))
+            if isinstance(port, int):
+                return port
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"no listener for broker {node_id} after {timeout_s}s "
+                    f"(/healthz answered {health}); log: {self.log_path}"
+                )
+            time.sleep(0.2)
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(

@@ -4,6 +4,7 @@ partition's leader is, asked of the cluster with the proxy's own requests."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -17,6 +18,12 @@ from proxy.kafka.upstream_client import PLAINTEXT, LinkSecurity, UpstreamClient,
 from proxy.runtime import metrics
 
 log = structlog.get_logger(__name__)
+
+# After a refresh that reached no broker, the next one comes this soon, then twice as late
+# each time, up to the last (or the refresh interval, if shorter): one connection attempt
+# per known broker every few seconds costs a cluster that is down nothing.
+FIRST_RETRY_S = 1.0
+LAST_RETRY_S = 5.0
 
 
 class UpstreamCluster:
@@ -49,6 +56,38 @@ class UpstreamCluster:
             self.last_refresh_ok = asyncio.get_running_loop().time()
             return True
         return False
+
+    async def keep_refreshed(
+        self,
+        interval_s: float,
+        last_ok: bool,
+        first_retry_s: float = FIRST_RETRY_S,
+        last_retry_s: float = LAST_RETRY_S,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """Refresh every ``interval_s`` for as long as the proxy runs. After a refresh that
+        reached no broker (``last_ok`` is the one before the first), the next comes sooner:
+        ``first_retry_s``, then twice as late each time up to ``last_retry_s``. The proxy
+        learns of the cluster's return, and reports itself healthy again, seconds after it,
+        not up to an interval later. A pass that fails in a way nobody foresaw is logged and
+        counted, never the end of the loop: a proxy whose refreshes stopped would stay
+        unhealthy for good."""
+        retry_s = first_retry_s
+        while True:
+            if last_ok:
+                delay, retry_s = interval_s, first_retry_s
+            else:
+                delay = min(retry_s, last_retry_s, interval_s)
+                retry_s *= 2
+            await sleep(delay)
+            try:
+                last_ok = await self.refresh_metadata()
+            except Exception:
+                metrics.UPSTREAM_ERRORS.labels("metadata").inc()
+                log.exception("metadata refresh failed unexpectedly; retrying")
+                last_ok = False
+            if not last_ok:
+                log.warning("metadata refresh failed on every known upstream broker")
 
     async def leader_of(self, topic: str, partition: int) -> Endpoint | None:
         """The upstream address of a partition's leader, asked of the cluster now."""

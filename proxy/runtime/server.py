@@ -128,11 +128,15 @@ class ProxyServer:
             ),
             upstream=[str(e) for e in self.topology.bootstrap],
         )
-        if not await self.cluster.refresh_metadata():
+        reached = await self.cluster.refresh_metadata()
+        if not reached:
             log.warning("upstream not reachable yet; broker listeners open once it answers")
         for service in self._services:
             await service.start()
-        self._refresh_task = asyncio.create_task(self._refresh_loop(), name="metadata-refresh")
+        self._refresh_task = asyncio.create_task(
+            self.cluster.keep_refreshed(self.settings.metadata_refresh_s, reached),
+            name="metadata-refresh",
+        )
         self._lag_task = asyncio.create_task(loop_lag.watch(), name="event-loop-lag")
 
     async def shutdown(self) -> None:
@@ -165,12 +169,6 @@ class ProxyServer:
         log.info("shutdown complete")
 
     # ----------------------------------------------------------------- topology
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.metadata_refresh_s)
-            if not await self.cluster.refresh_metadata():
-                log.warning("metadata refresh failed on every known upstream broker")
 
     async def _reconcile_listeners(self, node_ids: set[int]) -> None:
         if self._sni is not None:  # brokers share the bootstrap listener

@@ -586,7 +586,7 @@ def test_bad_input_refuses_only_that_partition(
     recover(dedup_proxy, topic, 0)
     start = recover(dedup_proxy, topic, 1)
     request = produce_request(topic, {0: make_bad(), 1: identity_batch([(b"p-good", b"1")])})
-    port = dedup_proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+    port = dedup_proxy.broker_port()
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(encode_request(request, 1))
         frame = read_response(sock)
@@ -619,7 +619,7 @@ def test_pipelined_requests_of_one_producer_reach_the_log_in_order(
     topic = new_topic(local_env.bootstrap)
     requests, per_request = 200, 5
     start = recover(dedup_proxy, topic)
-    port = dedup_proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+    port = dedup_proxy.broker_port()
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         frames = [
             encode_request(

@@ -85,7 +85,7 @@ def fuzz_topic(local_env: EnvInfo, dedup_proxy: ProxyProcess) -> str:
 def test_a_mutated_batch_is_answered_quickly_and_harms_nothing(
     dedup_proxy: ProxyProcess, fuzz_topic: str, batch: bytes
 ) -> None:
-    port = dedup_proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+    port = dedup_proxy.broker_port()
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=ANSWER_WITHIN_S) as sock:
         sock.sendall(encode_request(produce_request(fuzz_topic, {0: batch}), 5))

@@ -61,7 +61,7 @@ class Bystander:
     answer awaited, every request's (sent, answered) time kept."""
 
     def __init__(self, proxy: ProxyProcess, topic: str) -> None:
-        self._port = proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+        self._port = proxy.broker_port()
         self._topic = topic
         self._stop = threading.Event()
         self.times: list[tuple[float, float]] = []
@@ -265,7 +265,7 @@ def test_an_acks_0_flood_is_read_only_as_fast_as_it_is_handled(
         baseline = rss_bytes(proxy.pid)
         relay.freeze()
         accepted = 0  # bytes the proxy's socket took
-        port = proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+        port = proxy.broker_port()
 
         def flood() -> None:
             nonlocal accepted

@@ -499,7 +499,11 @@ def test_a_group_mixing_check_states_moves_partitions_both_ways_exactly_once(
         before = takeovers(other)
         if kill:
             group.members[source].kill()
-            wait_until(lambda: takeovers(other) > before, 30, f"inst-{other} takes over")
+            wait_until(
+                lambda: takeovers(other) > before,
+                30,
+                lambda: f"inst-{other} takes over (it holds {sorted(held(other))})",
+            )
         else:
             group.members[source].stop()  # SIGTERM: drain, hand over, leave
         wait_until(lambda: held(other) == names, 30, f"inst-{other} holds every partition")

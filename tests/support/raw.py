@@ -204,7 +204,7 @@ def produce_answers(
     proxy: ProxyProcess, request: produce_v9.ProduceRequest
 ) -> dict[tuple[str, int], Any]:
     """Send one Produce request (no retry); each partition's answer, by (topic, partition)."""
-    port = proxy.health()["broker_listeners"]["0"]  # type: ignore[index]
+    port = proxy.broker_port()
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(encode_request(request, 1))
         frame = read_response(sock)
