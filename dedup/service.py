@@ -34,6 +34,7 @@ from dedup.state import DedupState, ProducerState, clock_ms
 from dedup.topic_ids import TopicIds, UnknownTopic, topic_id_of
 from dedup.writer import IdempotentWriter, LeaderLookup
 from proxy.kafka.topology import Endpoint
+from proxy.runtime import background
 from proxy.runtime.security import UpstreamSecurity
 
 log = structlog.get_logger(__name__)
@@ -227,10 +228,10 @@ class DedupService:
             )
         await self.ownership.start()  # DuplicateInstance: a configuration error, fatal
         self._tasks = [
-            asyncio.create_task(self._purge_loop(), name="purge-idle-producers"),
-            asyncio.create_task(self._policy_watch(), name="policy-watch"),
-            asyncio.create_task(self._prepare(), name="prepare-dedup"),
-            asyncio.create_task(self._topic_watch(), name="topic-watch"),
+            background.start(self._purge_loop(), "purge-idle-producers"),
+            background.start(self._policy_watch(), "policy-watch"),
+            background.start(self._prepare(), "prepare-dedup"),
+            background.start(self._topic_watch(), "topic-watch"),
         ]
         self.snapshotter.start()
 

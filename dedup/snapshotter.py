@@ -27,6 +27,7 @@ from dedup.engine import DedupEngine
 from dedup.partitions import PartitionState
 from dedup.snapshots import ChunkEntry, ProducerEntry, Snapshot, SnapshotError, SnapshotStore
 from dedup.state import DedupState, clock_ms
+from proxy.runtime import background
 
 log = structlog.get_logger(__name__)
 
@@ -58,7 +59,7 @@ class Snapshotter:
         self._running: set[asyncio.Task[bool]] = set()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="snapshotter")
+        self._task = background.start(self._loop(), "snapshotter")
 
     async def close(self) -> None:
         if self._task is not None:

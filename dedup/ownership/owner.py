@@ -28,6 +28,7 @@ from dedup.ownership.leases import Key, Lease, PartitionLeases
 from dedup.ownership.members import DuplicateInstance, Member, Membership
 from dedup.ownership.nodes import Node, NodeMap
 from dedup.ownership.placement import partition_owner
+from proxy.runtime import background
 from proxy.runtime.cluster import NoSuchPartition
 
 log = structlog.get_logger(__name__)
@@ -131,7 +132,7 @@ class Ownership:
                     raise
                 log.warning("waiting for an earlier incarnation to expire", error=str(exc))
                 await asyncio.sleep(self._heartbeat_s)
-        self._task = asyncio.create_task(self._loop(), name="ownership")
+        self._task = background.start(self._loop(), "ownership")
 
     async def close(self) -> None:
         """Hand every held partition over, then leave the membership."""

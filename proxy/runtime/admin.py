@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy.runtime import background
 from proxy.runtime.admin_auth import auth_middleware, load_admin_tokens, scopes_listed
 from proxy.runtime.server import ProxyServer
 
@@ -51,14 +52,17 @@ def build_admin_app(server: ProxyServer, routes: Sequence[AdminRoutes] = ()) -> 
         last = server.last_refresh_ok
         max_age = _STALE_REFRESHES * server.settings.metadata_refresh_s
         fresh = last is not None and now - last <= max_age
+        failed = background.failed()
+        healthy = fresh and not failed
         body = {
-            "status": "ok" if fresh else "unavailable",
+            "status": "ok" if healthy else "unavailable",
             "pid": os.getpid(),
             "upstream_brokers": sorted(server.topology.node_ids),
             "broker_listeners": server.broker_ports(),
             "seconds_since_metadata": None if last is None else round(now - last, 1),
+            "failed_tasks": failed,
         }
-        return web.json_response(body, status=200 if fresh else 503)
+        return web.json_response(body, status=200 if healthy else 503)
 
     guarded = tokens is not None or certificates
     app = web.Application(middlewares=[auth_middleware(tokens, certificates)] if guarded else [])

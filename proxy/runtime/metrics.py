@@ -40,6 +40,11 @@ EVENT_LOOP_LAG = Histogram(
     "every connection of the process",
     buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
 )
+BACKGROUND_FAILURES = Counter(
+    "dedup_proxy_background_task_failures_total",
+    "Background tasks that ended with an error (the process is unhealthy from then on), by task",
+    ["task"],
+)
 REWRITES = Counter(
     "dedup_proxy_response_rewrites_total", "Responses decoded and rewritten, by API", ["api"]
 )

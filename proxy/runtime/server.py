@@ -22,7 +22,7 @@ from typing import Protocol
 import structlog
 
 from proxy.kafka.topology import Endpoint, Topology
-from proxy.runtime import loop_lag, metrics
+from proxy.runtime import background, loop_lag, metrics
 from proxy.runtime.chain import FilterChain
 from proxy.runtime.cluster import UpstreamCluster
 from proxy.runtime.connection import ClientConnection, ConnectionSettings, UpstreamResolver
@@ -133,11 +133,11 @@ class ProxyServer:
             log.warning("upstream not reachable yet; broker listeners open once it answers")
         for service in self._services:
             await service.start()
-        self._refresh_task = asyncio.create_task(
+        self._refresh_task = background.start(
             self.cluster.keep_refreshed(self.settings.metadata_refresh_s, reached),
-            name="metadata-refresh",
+            "metadata-refresh",
         )
-        self._lag_task = asyncio.create_task(loop_lag.watch(), name="event-loop-lag")
+        self._lag_task = background.start(loop_lag.watch(), "event-loop-lag")
 
     async def shutdown(self) -> None:
         """Close listeners, let every connection answer what it took, then close them."""

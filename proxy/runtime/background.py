@@ -1,0 +1,52 @@
+"""Work a process runs in the background for its whole life (the metadata refresh, the
+ownership beat, snapshots, the dedup layer's watches), started through `start`: such a
+task never ends unseen.
+
+One that ends with an error is logged with its traceback, counted
+(`dedup_proxy_background_task_failures_total`) and named by /healthz, which reports the
+process unhealthy from then on. A process whose lease renewals or refreshes have stopped
+would otherwise go on serving as if healthy; an orchestrator restarts an unhealthy one.
+A task that returns, or is cancelled (at shutdown), has ended as it should.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import structlog
+
+from proxy.runtime import metrics
+
+log = structlog.get_logger(__name__)
+
+# The process's failed background tasks: name, error. One event loop per process.
+_failed: dict[str, str] = {}
+
+
+def start(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    task = asyncio.create_task(work, name=name)
+    task.add_done_callback(_ended)
+    return task
+
+
+def failed() -> dict[str, str]:
+    """The background tasks that ended with an error, by name, with that error."""
+    return dict(_failed)
+
+
+def _ended(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is None:
+        return
+    name = task.get_name()
+    _failed[name] = f"{type(error).__name__}: {error}"
+    metrics.BACKGROUND_FAILURES.labels(name).inc()
+    log.critical(
+        "background task ended with an error; the process reports itself unhealthy",
+        task=name,
+        exc_info=error,
+    )
