@@ -77,8 +77,8 @@ class UpstreamCluster:
             if last_ok:
                 delay, retry_s = interval_s, first_retry_s
             else:
-                delay = min(retry_s, last_retry_s, interval_s)
-                retry_s *= 2
+                delay = min(retry_s, interval_s)
+                retry_s = min(retry_s * 2, last_retry_s)
             await sleep(delay)
             try:
                 last_ok = await self.refresh_metadata()
@@ -86,6 +86,7 @@ class UpstreamCluster:
                 metrics.UPSTREAM_ERRORS.labels("metadata").inc()
                 log.exception("metadata refresh failed unexpectedly; retrying")
                 last_ok = False
+                continue
             if not last_ok:
                 log.warning("metadata refresh failed on every known upstream broker")
 
