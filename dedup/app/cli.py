@@ -85,7 +85,7 @@ def serve(
     log_format: Annotated[str | None, typer.Option(help="json or console")] = None,
 ) -> None:
     """Run the proxy in front of a Kafka cluster until SIGINT or SIGTERM."""
-    from proxy.runtime.lifecycle import install_event_loop, install_stack_dumps
+    from proxy.runtime.lifecycle import BackgroundFailure, install_event_loop, install_stack_dumps
 
     try:
         settings = load_settings(
@@ -122,6 +122,9 @@ def serve(
         raise typer.Exit(2) from exc
     except OSError as exc:
         typer.echo(f"dedup-proxy: cannot listen: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    except BackgroundFailure as exc:  # logged with its traceback: shut down, restart me
+        typer.echo(f"dedup-proxy: {exc}", err=True)
         raise typer.Exit(1) from exc
 
 

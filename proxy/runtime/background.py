@@ -3,16 +3,18 @@ ownership beat, snapshots, the dedup layer's watches), started through `start`: 
 task never ends unseen.
 
 One that ends with an error is logged with its traceback, counted
-(`dedup_proxy_background_task_failures_total`) and named by /healthz, which reports the
-process unhealthy from then on. A process whose lease renewals or refreshes have stopped
-would otherwise go on serving as if healthy; an orchestrator restarts an unhealthy one.
-A task that returns, or is cancelled (at shutdown), has ended as it should.
+(`dedup_proxy_background_task_failures_total`), named by /healthz, which reports the
+process unhealthy from then on, and told to whoever asked (`when_one_fails`): the
+lifecycle then shuts the process down, gracefully, for its supervisor to start it again,
+as a Kafka broker stops on a fatal error. A process whose lease renewals or refreshes have
+stopped would otherwise go on serving as if nothing were wrong. A task that returns, or is
+cancelled (at shutdown), has ended as it should.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -23,12 +25,20 @@ log = structlog.get_logger(__name__)
 
 # The process's failed background tasks: name, error. One event loop per process.
 _failed: dict[str, str] = {}
+_listeners: list[Callable[[str], None]] = []
 
 
 def start(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
     task = asyncio.create_task(work, name=name)
     task.add_done_callback(_ended)
     return task
+
+
+def when_one_fails(listener: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``listener`` with a task's name when one ends with an error; returns the call
+    that stops listening."""
+    _listeners.append(listener)
+    return lambda: _listeners.remove(listener)
 
 
 def failed() -> dict[str, str]:
@@ -50,3 +60,5 @@ def _ended(task: asyncio.Task[None]) -> None:
         task=name,
         exc_info=error,
     )
+    for listener in list(_listeners):
+        listener(name)

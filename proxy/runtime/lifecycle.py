@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from proxy.runtime import background
 from proxy.runtime.admin import AdminRoutes, start_admin
 from proxy.runtime.security import reload_certificates
 from proxy.runtime.server import ProxyServer
@@ -18,20 +19,47 @@ from proxy.runtime.server import ProxyServer
 log = structlog.get_logger(__name__)
 
 
+class BackgroundFailure(RuntimeError):
+    """A background task of the process ended with an error (`background`): it was shut
+    down, gracefully, and exits non-zero for its supervisor to start it again."""
+
+
 async def run_proxy(server: ProxyServer, admin_routes: Sequence[AdminRoutes] = ()) -> None:
-    """Serve until SIGINT or SIGTERM, then drain: answers already owed are still sent."""
-    await server.start()
-    admin = await start_admin(server, admin_routes)
-    log.info("admin listener open", admin=server.settings.admin)
+    """Serve until SIGINT or SIGTERM, then drain: answers already owed are still sent. A
+    background task that fails shuts the proxy down the same way, then raises
+    `BackgroundFailure`."""
     stop = asyncio.Event()
+    failures: list[str] = []
+
+    def failed(task: str) -> None:
+        failures.append(task)
+        stop.set()
+
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGUSR2, log_tasks)
-    loop.add_signal_handler(signal.SIGHUP, reload_certificates)
-    await stop.wait()
-    await server.shutdown()
-    await admin.cleanup()
+    handlers = {
+        signal.SIGINT: stop.set,
+        signal.SIGTERM: stop.set,
+        signal.SIGUSR2: log_tasks,
+        signal.SIGHUP: reload_certificates,
+    }
+    stop_listening = background.when_one_fails(failed)
+    try:
+        await server.start()
+        admin = await start_admin(server, admin_routes)
+        log.info("admin listener open", admin=server.settings.admin)
+        for sig, handler in handlers.items():
+            loop.add_signal_handler(sig, handler)
+        await stop.wait()
+        if failures:
+            log.critical("shutting down: a background task failed", tasks=failures)
+        await server.shutdown()
+        await admin.cleanup()
+    finally:
+        stop_listening()
+        for sig in handlers:
+            loop.remove_signal_handler(sig)
+    if failures:
+        raise BackgroundFailure(f"background task {failures[0]} ended with an error")
 
 
 def install_stack_dumps() -> None:

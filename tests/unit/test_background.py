@@ -1,6 +1,7 @@
 """Background tasks never end unseen (`proxy.runtime.background`): one that ends with an
-error is counted and makes /healthz report the process unhealthy, naming it; one that
-returns or is cancelled has ended as it should."""
+error is counted, makes /healthz report the process unhealthy, naming it, and shuts the
+proxy down gracefully (`run_proxy` then raises, for a non-zero exit); one that returns or
+is cancelled has ended as it should."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.runtime import background, metrics
 from proxy.runtime.admin import build_admin_app
+from proxy.runtime.lifecycle import BackgroundFailure, run_proxy
 from proxy.runtime.settings import ProxySettings
 
 
 @pytest.fixture(autouse=True)
 def no_failures_yet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(background, "_failed", {})
+    monkeypatch.setattr(background, "_listeners", [])
 
 
 def failures(name: str) -> float:
@@ -62,13 +65,27 @@ async def health(server: Any) -> tuple[int, dict[str, Any]]:
         return answer.status, await answer.json()
 
 
+class FakeServer(SimpleNamespace):
+    """What the lifecycle and the admin app use of a `ProxyServer`; its metadata fresh."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            settings=ProxySettings(upstream="127.0.0.1:9092", admin="127.0.0.1:0"),
+            last_refresh_ok=asyncio.get_running_loop().time(),
+            topology=SimpleNamespace(node_ids={0}),
+            broker_ports=lambda: {0: 40000},
+            calls=[],
+        )
+
+    async def start(self) -> None:
+        self.calls.append("start")
+
+    async def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
 async def test_healthz_is_unavailable_once_a_background_task_failed() -> None:
-    server = SimpleNamespace(
-        settings=ProxySettings(upstream="127.0.0.1:9092"),
-        last_refresh_ok=asyncio.get_running_loop().time(),  # the metadata is fresh
-        topology=SimpleNamespace(node_ids={0}),
-        broker_ports=lambda: {0: 40000},
-    )
+    server = FakeServer()
     status, body = await health(server)
     assert (status, body["status"], body["failed_tasks"]) == (200, "ok", {})
 
@@ -79,3 +96,19 @@ async def test_healthz_is_unavailable_once_a_background_task_failed() -> None:
     status, body = await health(server)
     assert (status, body["status"]) == (503, "unavailable")
     assert body["failed_tasks"] == {"metadata-refresh": "RuntimeError: stopped"}
+
+
+async def test_a_failed_background_task_shuts_the_proxy_down_then_raises() -> None:
+    server = FakeServer()
+    running = asyncio.ensure_future(run_proxy(server))  # type: ignore[arg-type]
+    await asyncio.sleep(0.2)
+    assert server.calls == ["start"] and not running.done()
+
+    async def beat() -> None:
+        raise RuntimeError("lost")
+
+    background.start(beat(), "ownership")
+    with pytest.raises(BackgroundFailure, match="ownership"):
+        await asyncio.wait_for(running, 10)
+    assert server.calls == ["start", "shutdown"]
+    assert background._listeners == [], "the lifecycle stopped listening"
