@@ -364,10 +364,11 @@ class DedupService:
             return
         while True:
             await asyncio.sleep(max(self.settings.policy_cache_s, 0.1))
-            try:
-                self.engine.note_policies(await self.policies.snapshot())
-            except redis.RedisError as exc:  # not read yet: the next pass tries again
-                log.warning("policies could not be read", error=str(exc))
+            with background.one_pass("policy-watch"):
+                try:
+                    self.engine.note_policies(await self.policies.snapshot())
+                except redis.RedisError as exc:  # not read yet: the next pass tries again
+                    log.warning("policies could not be read", error=str(exc))
 
     async def _topic_watch(self) -> None:
         """Topics deleted and created again while no request of theirs dropped records
@@ -376,35 +377,42 @@ class DedupService:
         topic's until then."""
         while True:
             await asyncio.sleep(self.settings.topic_id_check_s)
-            try:
-                await self.engine.confirm_topics()
-            except (OSError, TimeoutError) as exc:
-                log.warning("could not ask Kafka for topic ids", error=repr(exc))
+            with background.one_pass("topic-watch"):
+                try:
+                    await self.engine.confirm_topics()
+                except (OSError, TimeoutError) as exc:
+                    log.warning("could not ask Kafka for topic ids", error=repr(exc))
 
     async def _purge_loop(self) -> None:
         idle_ms = int(self.settings.producer_idle_timeout_s * 1000)
         while True:
             await asyncio.sleep(min(PURGE_INTERVAL_S, self.settings.producer_idle_timeout_s))
-            states = self.engine.partition_states()
-            for topic, partition in self.engine.partitions():
-                older_than_ms = clock_ms() - idle_ms
-                state = states.get((topic, partition))
-                if state is None or not state.recovered:
-                    continue  # not this instance's to purge (or let go since the listing)
-                table = state.sequences
-                try:
-                    if table is not None:
-                        # The maps here know when each producer was last checked (Redis's
-                        # copy only when it was last acknowledged): they decide, the copy
-                        # follows.
-                        purged = table.purge_idle(older_than_ms)
-                        await self.state.forget_producers(topic, partition, purged)
-                    else:
-                        purged = await self.state.purge_idle(topic, partition, older_than_ms)
-                except redis.RedisError as exc:
-                    log.warning("idle producer purge failed", error=str(exc))
-                    break
-                if purged:
-                    log.info(
-                        "purged idle producers", topic=topic, partition=partition, producers=purged
-                    )
+            with background.one_pass("purge-idle-producers"):
+                await self._purge_idle(idle_ms)
+
+    async def _purge_idle(self, idle_ms: int) -> None:
+        """One pass: the producers idle for longer than ``idle_ms`` forgotten, partition by
+        partition; Redis failing ends the pass, and the next tries again."""
+        states = self.engine.partition_states()
+        for topic, partition in self.engine.partitions():
+            older_than_ms = clock_ms() - idle_ms
+            state = states.get((topic, partition))
+            if state is None or not state.recovered:
+                continue  # not this instance's to purge (or let go since the listing)
+            table = state.sequences
+            try:
+                if table is not None:
+                    # The maps here know when each producer was last checked (Redis's
+                    # copy only when it was last acknowledged): they decide, the copy
+                    # follows.
+                    purged = table.purge_idle(older_than_ms)
+                    await self.state.forget_producers(topic, partition, purged)
+                else:
+                    purged = await self.state.purge_idle(topic, partition, older_than_ms)
+            except redis.RedisError as exc:
+                log.warning("idle producer purge failed", error=str(exc))
+                return
+            if purged:
+                log.info(
+                    "purged idle producers", topic=topic, partition=partition, producers=purged
+                )

@@ -94,22 +94,27 @@ class Snapshotter:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self._policy.tick_s)
-            now = time.monotonic()
-            oldest_ms: int | None = None
-            for key, state in list(self._engine.partition_states().items()):
-                if not state.recovered:
-                    continue
-                if state.snapshot_ms is not None:
-                    oldest_ms = min(oldest_ms or state.snapshot_ms, state.snapshot_ms)
-                if (
-                    not state.snapshot_lock.locked()
-                    and now >= state.snapshot_retry_at
-                    and self._due(state)
-                ):
-                    task = asyncio.create_task(self._take_logged(key, state))
-                    self._running.add(task)
-                    task.add_done_callback(self._running.discard)
-            metrics.SNAPSHOT_AGE.set(0 if oldest_ms is None else (clock_ms() - oldest_ms) / 1000)
+            with background.one_pass("snapshotter"):
+                self._start_due()
+
+    def _start_due(self) -> None:
+        """One pass: a snapshot started for each partition that is due one."""
+        now = time.monotonic()
+        oldest_ms: int | None = None
+        for key, state in list(self._engine.partition_states().items()):
+            if not state.recovered:
+                continue
+            if state.snapshot_ms is not None:
+                oldest_ms = min(oldest_ms or state.snapshot_ms, state.snapshot_ms)
+            if (
+                not state.snapshot_lock.locked()
+                and now >= state.snapshot_retry_at
+                and self._due(state)
+            ):
+                task = asyncio.create_task(self._take_logged(key, state))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+        metrics.SNAPSHOT_AGE.set(0 if oldest_ms is None else (clock_ms() - oldest_ms) / 1000)
 
     def _due(self, state: PartitionState) -> bool:
         if state.snapshot_due:

@@ -259,14 +259,15 @@ class Ownership:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self._heartbeat_s)
-            try:
-                await self._beat()
-            except DuplicateInstance as exc:
-                log.critical("another process took this instance id", error=str(exc))
-                for key in list(self.held):
-                    self._lost(key)
-            except RedisError as exc:
-                log.warning("heartbeat failed", error=str(exc))
+            with background.one_pass("ownership"):
+                try:
+                    await self._beat()
+                except DuplicateInstance as exc:
+                    log.critical("another process took this instance id", error=str(exc))
+                    for key in list(self.held):
+                        self._lost(key)
+                except RedisError as exc:
+                    log.warning("heartbeat failed", error=str(exc))
 
     async def _beat(self) -> None:
         beat = self.membership.heartbeat if self._joined else self.membership.join

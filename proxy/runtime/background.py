@@ -9,12 +9,17 @@ lifecycle then shuts the process down, gracefully, for its supervisor to start i
 as a Kafka broker stops on a fatal error. A process whose lease renewals or refreshes have
 stopped would otherwise go on serving as if nothing were wrong. A task that returns, or is
 cancelled (at shutdown), has ended as it should.
+
+Their loops run each pass inside `one_pass`: an error a pass did not expect (a defect, a
+malformed record in Redis) is logged and counted, and the next pass runs as usual. So a
+task ends with an error only when something outside its passes fails.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import structlog
@@ -32,6 +37,17 @@ def start(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
     task = asyncio.create_task(work, name=name)
     task.add_done_callback(_ended)
     return task
+
+
+@contextlib.contextmanager
+def one_pass(task: str) -> Iterator[None]:
+    """One pass of ``task``'s loop: an error it did not expect is logged with its traceback
+    and counted (`dedup_proxy_background_pass_errors_total`), and the loop goes on."""
+    try:
+        yield
+    except Exception:
+        metrics.BACKGROUND_PASS_ERRORS.labels(task).inc()
+        log.exception("background pass failed; the next one runs as usual", task=task)
 
 
 def when_one_fails(listener: Callable[[str], None]) -> Callable[[], None]:

@@ -15,7 +15,7 @@ from kio.schema.types import TopicName
 from proxy.kafka.sasl import SaslFailed
 from proxy.kafka.topology import Endpoint, Topology
 from proxy.kafka.upstream_client import PLAINTEXT, LinkSecurity, UpstreamClient, fetch_brokers
-from proxy.runtime import metrics
+from proxy.runtime import background, metrics
 
 log = structlog.get_logger(__name__)
 
@@ -70,8 +70,7 @@ class UpstreamCluster:
         ``first_retry_s``, then twice as late each time up to ``last_retry_s``. The proxy
         learns of the cluster's return, and reports itself healthy again, seconds after it,
         not up to an interval later. A pass that fails in a way nobody foresaw is logged and
-        counted, never the end of the loop: a proxy whose refreshes stopped would stay
-        unhealthy for good."""
+        counted (`background.one_pass`), never the end of the loop."""
         retry_s = first_retry_s
         while True:
             if last_ok:
@@ -80,15 +79,11 @@ class UpstreamCluster:
                 delay = min(retry_s, interval_s)
                 retry_s = min(retry_s * 2, last_retry_s)
             await sleep(delay)
-            try:
+            last_ok = False
+            with background.one_pass("metadata-refresh"):
                 last_ok = await self.refresh_metadata()
-            except Exception:
-                metrics.UPSTREAM_ERRORS.labels("metadata").inc()
-                log.exception("metadata refresh failed unexpectedly; retrying")
-                last_ok = False
-                continue
-            if not last_ok:
-                log.warning("metadata refresh failed on every known upstream broker")
+                if not last_ok:
+                    log.warning("metadata refresh failed on every known upstream broker")
 
     async def leader_of(self, topic: str, partition: int) -> Endpoint | None:
         """The upstream address of a partition's leader, asked of the cluster now."""

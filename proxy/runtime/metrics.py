@@ -45,6 +45,12 @@ BACKGROUND_FAILURES = Counter(
     "Background tasks that ended with an error (the process is unhealthy from then on), by task",
     ["task"],
 )
+BACKGROUND_PASS_ERRORS = Counter(
+    "dedup_proxy_background_pass_errors_total",
+    "Passes of a background loop that failed with an error they did not expect (the loop "
+    "goes on), by task",
+    ["task"],
+)
 REWRITES = Counter(
     "dedup_proxy_response_rewrites_total", "Responses decoded and rewritten, by API", ["api"]
 )

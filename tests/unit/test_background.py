@@ -1,7 +1,8 @@
-"""Background tasks never end unseen (`proxy.runtime.background`): one that ends with an
-error is counted, makes /healthz report the process unhealthy, naming it, and shuts the
-proxy down gracefully (`run_proxy` then raises, for a non-zero exit); one that returns or
-is cancelled has ended as it should."""
+"""Background tasks never end unseen (`proxy.runtime.background`): a pass of a loop that
+fails unexpectedly is counted and the loop goes on; a task that ends with an error is
+counted, makes /healthz report the process unhealthy, naming it, and shuts the proxy down
+gracefully (`run_proxy` then raises, for a non-zero exit); one that returns or is
+cancelled has ended as it should."""
 
 from __future__ import annotations
 
@@ -26,6 +27,30 @@ def no_failures_yet(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def failures(name: str) -> float:
     return metrics.BACKGROUND_FAILURES.labels(name)._value.get()  # type: ignore[no-any-return]
+
+
+def pass_errors(name: str) -> float:
+    return metrics.BACKGROUND_PASS_ERRORS.labels(name)._value.get()  # type: ignore[no-any-return]
+
+
+def test_a_pass_that_fails_unexpectedly_is_counted_and_the_loop_goes_on() -> None:
+    before = pass_errors("watch")
+    ran = []
+    for outcome in (ValueError("a malformed record"), None):
+        with background.one_pass("watch"):
+            ran.append(outcome)
+            if outcome is not None:
+                raise outcome
+    assert len(ran) == 2
+    assert pass_errors("watch") == before + 1
+    assert background.failed() == {}, "a failed pass is not a failed task"
+
+
+def test_cancelling_a_pass_is_not_an_error_of_it() -> None:
+    before = pass_errors("watch")
+    with pytest.raises(asyncio.CancelledError), background.one_pass("watch"):
+        raise asyncio.CancelledError
+    assert pass_errors("watch") == before
 
 
 async def ended(task: asyncio.Task[None]) -> None:
