@@ -72,7 +72,7 @@ def _ended(task: asyncio.Task[None]) -> None:
     _failed[name] = f"{type(error).__name__}: {error}"
     metrics.BACKGROUND_FAILURES.labels(name).inc()
     log.critical(
-        "background task ended with an error; the process reports itself unhealthy",
+        "background task ended with an error; the process is unhealthy from now on",
         task=name,
         exc_info=error,
     )
