@@ -10,6 +10,10 @@ The most specific policy wins: a topic's own, then the longest matching topic pr
 namespace analogue), then the global one stored in Redis, then the proxy's start-up
 default (enabled; ``serve --no-dedup`` makes it disabled). Policies live in Redis so that
 every proxy instance sees a change within ``cache_s`` seconds, without a restart.
+
+A value in Redis that is no mode (written there by hand) is ignored, as a Kafka broker
+ignores an invalid dynamic config: the next less specific policy applies, the proxy logs
+it once, and the admin API lists it under ``invalid`` until it is fixed or cleared.
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
+import structlog
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
+
+log = structlog.get_logger(__name__)
 
 
 class Mode(enum.StrEnum):
@@ -36,6 +43,8 @@ class PolicySnapshot:
     global_mode: Mode | None = None
     prefixes: Mapping[str, Mode] = field(default_factory=dict)
     topics: Mapping[str, Mode] = field(default_factory=dict)
+    # Values in Redis that are no mode, by scope ("global", "prefix <p>", "topic <t>").
+    invalid: Mapping[str, str] = field(default_factory=dict)
 
     def mode_for(self, topic: str) -> Mode:
         if topic in self.topics:
@@ -60,6 +69,7 @@ class PolicySnapshot:
             "global": None if self.global_mode is None else self.global_mode.value,
             "prefixes": {k: v.value for k, v in sorted(self.prefixes.items())},
             "topics": {k: v.value for k, v in sorted(self.topics.items())},
+            "invalid": dict(sorted(self.invalid.items())),
         }
 
 
@@ -79,6 +89,7 @@ class PolicyStore:
         self._cache_s = cache_s
         self._cached: PolicySnapshot | None = None
         self._cached_at = 0.0
+        self._invalid_logged: Mapping[str, str] = {}
 
     async def snapshot(self, fresh: bool = False) -> PolicySnapshot:
         """The policies, read again once older than ``cache_s`` (``fresh``: now).
@@ -104,12 +115,31 @@ class PolicyStore:
             pipe.hgetall(self._prefixes_key)
             pipe.hgetall(self._topics_key)
             global_raw, prefixes, topics = await pipe.execute()
-        return PolicySnapshot(
+        invalid: dict[str, str] = {}
+        global_modes = _modes("global", {} if global_raw is None else {"": global_raw}, invalid)
+        snapshot = PolicySnapshot(
             default=self._default,
-            global_mode=None if global_raw is None else Mode(_text(global_raw)),
-            prefixes={_text(k): Mode(_text(v)) for k, v in prefixes.items()},
-            topics={_text(k): Mode(_text(v)) for k, v in topics.items()},
+            global_mode=global_modes.get(""),
+            prefixes=_modes("prefix", prefixes, invalid),
+            topics=_modes("topic", topics, invalid),
+            invalid=invalid,
         )
+        self._log_invalid_once(invalid)
+        return snapshot
+
+    def _log_invalid_once(self, invalid: Mapping[str, str]) -> None:
+        """Log the invalid values when they change, not on every read (every second)."""
+        if invalid == self._invalid_logged:
+            return
+        self._invalid_logged = invalid
+        if invalid:
+            log.error(
+                "invalid dedup policies in Redis are ignored; the next less specific applies",
+                invalid=dict(invalid),
+                modes=[mode.value for mode in Mode],
+            )
+        else:
+            log.info("no invalid dedup policies in Redis any more")
 
     async def mode_for(self, topic: str) -> Mode:
         return (await self.snapshot()).mode_for(topic)
@@ -137,5 +167,19 @@ class PolicyStore:
         self._cached = None
 
 
+def _modes(
+    scope: str, raw: Mapping[bytes | str, bytes | str], invalid: dict[str, str]
+) -> dict[str, Mode]:
+    """The valid modes of one scope's entries; the others go to ``invalid``."""
+    modes: dict[str, Mode] = {}
+    for name, value in raw.items():
+        name_text, value_text = _text(name), _text(value)
+        try:
+            modes[name_text] = Mode(value_text)
+        except ValueError:
+            invalid[f"{scope} {name_text}".rstrip()] = value_text
+    return modes
+
+
 def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else value

@@ -82,6 +82,9 @@ def show(admin_url: AdminUrl = DEFAULT_ADMIN_URL, json_output: bool = False) -> 
         table.add_row("prefix", prefix, mode)
     for topic, mode in policies["topics"].items():
         table.add_row("topic", topic, mode)
+    for where, value in policies.get("invalid", {}).items():
+        scope, _, name = where.partition(" ")
+        table.add_row(scope, name, f"{value!r}: not a mode, ignored")
     console.print(table)
 
 

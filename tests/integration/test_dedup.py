@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -15,10 +16,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import kio.schema.produce.v9.request as produce_v9
 import pytest
+import redis
 import redis.asyncio
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import (
@@ -328,6 +331,62 @@ def wait_for_policies(proxy: ProxyProcess, expected: dict[str, str | None]) -> N
         return {key: named.get(key) for key in expected}
 
     wait_until(lambda: modes() == expected, 10, lambda: f"the policies are {expected}")
+
+
+def test_a_policy_value_that_is_no_mode_is_ignored_listed_and_logged(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo, redis_key_prefix: str, dedup_proxy_log: Path
+) -> None:
+    """Policies written into Redis by hand, not through the admin API: a value that is no
+    mode is skipped (the next less specific policy applies), as Kafka skips an invalid
+    dynamic config, instead of failing every Produce request that reads the policies."""
+    prefix = f"badpol{uuid.uuid4().hex[:6]}-"
+    by_prefix, by_default = f"{prefix}a", f"other-{uuid.uuid4().hex[:8]}"
+    for name in (by_prefix, by_default):
+        create_topic(local_env.bootstrap, name, timeout_s=30)
+    keys = {kind: f"{redis_key_prefix}:policy:{kind}" for kind in ("global", "prefixes", "topics")}
+    client = redis.Redis.from_url(local_env.redis)
+    try:
+        client.set(keys["global"], "off")
+        client.hset(keys["prefixes"], prefix, "disabled")
+        client.hset(keys["topics"], by_prefix, "enable")
+        wait_until(
+            lambda: (
+                admin_call(dedup_proxy, "GET", "/v1/policies")["invalid"]
+                == {"global": "off", f"topic {by_prefix}": "enable"}
+            ),
+            10,
+            "the proxy lists the two invalid values",
+        )
+        for name in (by_prefix, by_default):
+            for _ in range(2):
+                answer = produce_raw(dedup_proxy, explicit_request(name, [("p-badpol", 7)]))
+                assert answer.error_code == 0, answer
+        assert len(values(local_env.bootstrap, by_prefix)) == 2  # the prefix's "disabled"
+        assert len(values(local_env.bootstrap, by_default)) == 1  # the default's "enabled"
+        listed = admin_call(dedup_proxy, "GET", "/v1/policies")
+        assert listed["global"] is None and by_prefix not in listed["topics"]
+        assert listed["prefixes"][prefix] == "disabled"
+        show = ["policy", "show", "--admin-url", dedup_proxy.admin_url]
+        table = subprocess.run(
+            [sys.executable, "-m", "dedup", *show],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env={**os.environ, "COLUMNS": "200"},
+        ).stdout
+        assert "'enable': not a mode, ignored" in table and "'off': not a mode" in table
+        assert "invalid dedup policies in Redis are ignored" in dedup_proxy_log.read_text()
+    finally:
+        client.delete(keys["global"])
+        client.hdel(keys["prefixes"], prefix)
+        client.hdel(keys["topics"], by_prefix)
+        client.close()
+    wait_until(
+        lambda: admin_call(dedup_proxy, "GET", "/v1/policies")["invalid"] == {},
+        10,
+        "the invalid values are gone",
+    )
 
 
 def test_unique_producer_names(dedup_proxy: ProxyProcess) -> None:
