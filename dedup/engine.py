@@ -103,8 +103,9 @@ log = structlog.get_logger(__name__)
 # Partitions Kafka said it does not have whose place in line is kept (about 3 KB each)
 MAX_ABSENT_PARTITIONS = 10_000
 # Topics whose leaders are looked up at once for a request's partitions met for the first
-# time (one Metadata request each, shared by the topic's partitions)
-FIRST_USE_LOOKUPS = 8
+# time: the lookups of a topic's partitions share a Metadata request, and topics looked up
+# together share one too, up to 100 a request (`UpstreamCluster`), so at most 4 requests
+FIRST_USE_LOOKUPS = 400
 
 SETTLE_WAIT_S = 30.0  # how long a request waits for the reset after a failed write
 # How long a request waits, in line, for its partition's recovery before it is told

@@ -24,6 +24,9 @@ log = structlog.get_logger(__name__)
 # per known broker every few seconds costs a cluster that is down nothing.
 FIRST_RETRY_S = 1.0
 LAST_RETRY_S = 5.0
+# Topics named in one Metadata request of the leader lookups: lookups of many topics at once
+# (a producer's first request to them all) share a request, on one connection.
+TOPICS_PER_LOOKUP = 100
 
 
 class UpstreamCluster:
@@ -34,7 +37,9 @@ class UpstreamCluster:
         self._connect_timeout_s = connect_timeout_s
         self._security = security
         self.last_refresh_ok: float | None = None  # event loop time of the last good refresh
-        self._asking: dict[str, asyncio.Future[Any | None]] = {}  # topic: its Metadata
+        # topic: the Metadata answer that will name it, asked or about to be
+        self._asking: dict[str, asyncio.Future[Any | None]] = {}
+        self._gathering: list[str] = []  # topics asked in this turn of the loop, not yet sent
 
     def known_upstreams(self) -> list[Endpoint]:
         return self.topology.known_upstreams()
@@ -107,28 +112,47 @@ class UpstreamCluster:
         return None if response is None else leader_in_answer(response, topic, partition)
 
     async def _topic_metadata(self, topic: str) -> Any | None:
-        """The topic's Metadata answer, one request shared by every lookup of the topic
-        made while it is under way: a producer's first request to a topic's many
-        partitions asks once, not once per partition (each a connection of its own)."""
+        """A Metadata answer that names the topic. One request is shared by every lookup of
+        the topic made while it is under way, and by the lookups of other topics made in
+        the same turn of the event loop (up to `TOPICS_PER_LOOKUP` topics a request): a
+        producer's first request to many partitions, of one topic or of many, asks once,
+        not once per partition or topic (each a connection of its own)."""
         asking = self._asking.get(topic)
         if asking is None:
-            asking = asyncio.ensure_future(self._ask_topic(topic))
+            asking = asyncio.get_running_loop().create_future()
+            asking.add_done_callback(_retrieved)
             self._asking[topic] = asking
-            asking.add_done_callback(lambda done: self._asked(topic, done))
+            if not self._gathering:
+                asyncio.get_running_loop().call_soon(self._ask_gathered)
+            self._gathering.append(topic)
         # One lookup given up (its request timed out) does not end the others'.
         return await asyncio.shield(asking)
 
-    def _asked(self, topic: str, done: asyncio.Future[Any | None]) -> None:
-        if self._asking.get(topic) is done:
-            del self._asking[topic]
-        if not done.cancelled():
-            done.exception()  # retrieved: every waiter may have given up
+    def _ask_gathered(self) -> None:
+        """Send the topics asked in the last turn of the loop, `TOPICS_PER_LOOKUP` a request."""
+        topics, self._gathering = self._gathering, []
+        for first in range(0, len(topics), TOPICS_PER_LOOKUP):
+            named = topics[first : first + TOPICS_PER_LOOKUP]
+            request = asyncio.ensure_future(self._ask_topics(named))
+            request.add_done_callback(lambda done, named=named: self._answered(named, done))
 
-    async def _ask_topic(self, topic: str) -> Any | None:
-        """The topic's Metadata answer from the first broker that gives one; None: none
+    def _answered(self, topics: list[str], done: asyncio.Future[Any | None]) -> None:
+        """Each topic's lookups get the request's answer, or what it raised; the next
+        lookup of the topic asks again."""
+        for topic in topics:
+            asking = self._asking.pop(topic)
+            if done.cancelled():
+                asking.cancel()
+            elif (error := done.exception()) is not None:
+                asking.set_exception(error)
+            else:
+                asking.set_result(done.result())
+
+    async def _ask_topics(self, topics: list[str]) -> Any | None:
+        """The topics' Metadata answer from the first broker that gives one; None: none
         did."""
         request = MetadataRequest(
-            topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
+            topics=tuple(MetadataRequestTopic(topic_id=None, name=TopicName(t)) for t in topics),
             allow_auto_topic_creation=False,
             include_topic_authorized_operations=False,
         )
@@ -144,6 +168,13 @@ class UpstreamCluster:
             await self.topology.observe(brokers, complete=True)
             return response
         return None
+
+
+def _retrieved(done: asyncio.Future[Any | None]) -> None:
+    """Every lookup of a topic may have given up before its answer came: its error is
+    retrieved here all the same, so it is not reported as never retrieved."""
+    if not done.cancelled():
+        done.exception()
 
 
 class NoSuchPartition(LookupError):

@@ -1,6 +1,7 @@
 """What a Metadata answer says of one partition (`proxy.runtime.cluster`): its leader,
-unknown, or no such partition (Kafka's UNKNOWN_TOPIC_OR_PARTITION); and lookups of one
-topic under way together sharing one request."""
+unknown, or no such partition (Kafka's UNKNOWN_TOPIC_OR_PARTITION); and lookups sharing
+requests: those of one topic while its request is under way, and those of many topics
+asked in one turn of the event loop."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from proxy.kafka.topology import Endpoint, Topology
+from proxy.runtime import cluster as cluster_module
 from proxy.runtime.cluster import NoSuchPartition, UpstreamCluster, leader_in_answer
 
 
@@ -73,13 +75,18 @@ class CountingCluster(UpstreamCluster):
 
     def __init__(self) -> None:
         super().__init__(Topology([Endpoint("kafka", 9092)], "proxy", broker_port_base=40000), 1.0)
-        self.asked: list[str] = []
-        self.answer: asyncio.Future[Any] | None = None
+        self.asked: list[list[str]] = []  # the topics of each request
+        self.answers: list[asyncio.Future[Any]] = []
 
-    async def _ask_topic(self, topic: str) -> Any:
-        self.asked.append(topic)
-        self.answer = asyncio.get_running_loop().create_future()
-        return await self.answer
+    @property
+    def answer(self) -> asyncio.Future[Any] | None:
+        """The answer to the latest request."""
+        return self.answers[-1] if self.answers else None
+
+    async def _ask_topics(self, topics: list[str]) -> Any:
+        self.asked.append(list(topics))
+        self.answers.append(asyncio.get_running_loop().create_future())
+        return await self.answers[-1]
 
 
 async def test_lookups_of_one_topic_under_way_together_share_one_request() -> None:
@@ -87,7 +94,7 @@ async def test_lookups_of_one_topic_under_way_together_share_one_request() -> No
     lookups = [asyncio.ensure_future(cluster.partition_leader("t", p)) for p in range(3)]
     given_up = asyncio.ensure_future(cluster.partition_leader("t", 0))
     await settled()
-    assert cluster.asked == ["t"]
+    assert cluster.asked == [["t"]]
     given_up.cancel()  # one lookup given up does not end the others'
     await settled()
     assert cluster.answer is not None
@@ -97,7 +104,7 @@ async def test_lookups_of_one_topic_under_way_together_share_one_request() -> No
         await lookups[2]
     later = asyncio.ensure_future(cluster.partition_leader("t", 1))
     await settled()
-    assert cluster.asked == ["t", "t"], "asked again once the answer is in"
+    assert cluster.asked == [["t"], ["t"]], "asked again once the answer is in"
     cluster.answer.set_result(None)
     assert await later is None
 
@@ -114,4 +121,42 @@ async def test_a_failed_request_fails_each_lookup_of_it_and_is_not_kept() -> Non
     again = asyncio.ensure_future(cluster.partition_leader("t", 0))
     await settled()
     cluster.answer.set_result(answer())
-    assert await again == (2, 5) and cluster.asked == ["t", "t"]
+    assert await again == (2, 5) and cluster.asked == [["t"], ["t"]]
+
+
+def many(*topics: str) -> Any:
+    """A Metadata answer naming each of ``topics``, partition 0 led by 2."""
+    return SimpleNamespace(topics=[answer(name=topic).topics[0] for topic in topics])
+
+
+async def test_lookups_of_many_topics_in_one_turn_share_one_request() -> None:
+    cluster = CountingCluster()
+    lookups = [asyncio.ensure_future(cluster.partition_leader(t, 0)) for t in ("a", "b", "a", "c")]
+    await settled()
+    assert cluster.asked == [["a", "b", "c"]], "one request, each topic named once"
+    later = asyncio.ensure_future(cluster.partition_leader("d", 0))
+    joining = asyncio.ensure_future(cluster.partition_leader("b", 0))
+    await settled()
+    assert cluster.asked == [["a", "b", "c"], ["d"]], "b's request is under way: shared"
+    cluster.answers[0].set_result(many("a", "b"))  # c: not named, so not known
+    assert await asyncio.gather(*lookups, joining) == [(2, 5), (2, 5), (2, 5), None, (2, 5)]
+    cluster.answers[1].set_exception(OSError("no broker"))
+    with pytest.raises(OSError, match="no broker"):
+        await later
+    again = asyncio.ensure_future(cluster.partition_leader("a", 0))
+    await settled()
+    assert cluster.asked[-1] == ["a"], "asked again once its answer is in"
+    cluster.answers[-1].set_result(many("a"))
+    assert await again == (2, 5)
+
+
+async def test_a_request_names_at_most_topics_per_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cluster_module, "TOPICS_PER_LOOKUP", 2)
+    cluster = CountingCluster()
+    topics = ["a", "b", "c", "d", "e"]
+    lookups = [asyncio.ensure_future(cluster.partition_leader(t, 0)) for t in topics]
+    await settled()
+    assert cluster.asked == [["a", "b"], ["c", "d"], ["e"]]
+    for answered, named in zip(cluster.answers, cluster.asked, strict=True):
+        answered.set_result(many(*named))
+    assert await asyncio.gather(*lookups) == [(2, 5)] * len(topics)
