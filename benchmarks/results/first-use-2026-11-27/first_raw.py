@@ -5,8 +5,6 @@ partitions still answered NOT_LEADER_OR_FOLLOWER while they recover)."""
 
 import sys
 import time
-from typing import Any
-
 from tests.support.raw import (
     NOT_LEADER_OR_FOLLOWER,
     explicit_batch,
@@ -21,8 +19,8 @@ class Listeners:
     def __init__(self, port: int) -> None:
         self._port = port
 
-    def health(self) -> dict[str, Any]:
-        return {"broker_listeners": {"0": self._port + 1}}
+    def broker_port(self) -> int:
+        return self._port + 1
 
 
 port, topic, partitions = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
