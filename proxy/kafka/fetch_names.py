@@ -20,6 +20,7 @@ tag 0: NodeEndpoints).
 
 from __future__ import annotations
 
+import struct
 from typing import Final, NamedTuple
 
 FIRST_VERSION_WITH_READ_REPLICA: Final = 11
@@ -29,6 +30,8 @@ NODE_ENDPOINTS_TAG: Final = 0
 CURRENT_LEADER_TAG: Final = 1
 _PARTITION_FIXED: Final = 4 + 2 + 8 + 8 + 8  # index, error code, three offsets
 _ABORTED_FIXED: Final = 8 + 8  # producer id, first offset
+_INT32: Final = struct.Struct(">i").unpack_from
+_TWO_INT32: Final = struct.Struct(">ii").unpack_from
 
 
 class BrokerNames(NamedTuple):
@@ -65,16 +68,11 @@ class _Reader:
         return int.from_bytes(self.data[start : self.pos], "big", signed=True)
 
     def uvarint(self) -> int:
-        value, shift = 0, 0
-        while True:
-            if self.pos >= self.end or shift > 28:
-                raise _Malformed
-            byte = self.data[self.pos]
-            self.pos += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
+        try:
+            value, self.pos = _uvarint(self.data, self.pos)
+        except IndexError:
+            raise _Malformed from None
+        return value
 
     def length(self, fixed_size: int) -> int:
         """An array's, string's or bytes' length; -1 for null."""
@@ -109,8 +107,7 @@ def fetch_broker_names(version: int, payload: bytes, body_start: int) -> BrokerN
                 reader.skip(16)
             else:
                 reader.skip_sized(2)  # the topic's name
-            for _ in range(reader.length(4)):
-                ids = _partition_names_a_broker(reader) or ids
+            ids = _partitions_name_a_broker(reader, reader.length(4)) or ids
             reader.tagged_fields()
         tags = reader.tagged_fields()
     except _Malformed:
@@ -120,12 +117,80 @@ def fetch_broker_names(version: int, payload: bytes, body_start: int) -> BrokerN
     return BrokerNames(endpoints=NODE_ENDPOINTS_TAG in tags, ids=ids)
 
 
-def _partition_names_a_broker(reader: _Reader) -> bool:
-    reader.skip(_PARTITION_FIXED)
-    for _ in range(reader.length(4)):  # aborted transactions (null: no loop)
-        reader.skip(_ABORTED_FIXED)
-        reader.tagged_fields()
-    preferred_read_replica = reader.int_(4)
-    reader.skip_sized(4)  # records
-    names_current_leader = CURRENT_LEADER_TAG in reader.tagged_fields()
-    return preferred_read_replica >= 0 or names_current_leader
+def _partitions_name_a_broker(reader: _Reader, count: int) -> bool:
+    """Walks ``count`` partitions of a topic; True when one names a broker by id. The
+    loop is written out, with the usual one-byte varint inline: it runs once per
+    partition of every Fetch response, and a response can carry a thousand of them."""
+    data, pos, end = reader.data, reader.pos, reader.end
+    ids = False
+    try:
+        if not reader.flexible:
+            for _ in range(count):
+                (aborted,) = _INT32(data, pos + _PARTITION_FIXED)
+                pos += _PARTITION_FIXED + 4 + max(aborted, 0) * _ABORTED_FIXED
+                replica, size = _TWO_INT32(data, pos)
+                pos += 8 + max(size, 0)
+                if pos > end:
+                    raise _Malformed
+                ids = ids or replica >= 0
+        else:
+            for _ in range(count):
+                pos += _PARTITION_FIXED
+                aborted = data[pos]  # a compact array: its length plus one, 0 for null
+                pos += 1
+                if aborted >= 0x80:
+                    aborted, pos = _uvarint(data, pos - 1)
+                if aborted > 1:
+                    for _ in range(aborted - 1):
+                        pos = _skip_tagged_fields(data, pos + _ABORTED_FIXED)[0]
+                (replica,) = _INT32(data, pos)
+                size = data[pos + 4]  # compact bytes: the size plus one, 0 for null
+                pos += 5
+                if size >= 0x80:
+                    size, pos = _uvarint(data, pos - 1)
+                if size > 1:
+                    pos += size - 1
+                    if pos > end:
+                        raise _Malformed
+                if data[pos]:  # tagged fields (usually none: a zero byte)
+                    pos, names_current_leader = _skip_tagged_fields(data, pos)
+                    ids = ids or names_current_leader
+                else:
+                    pos += 1
+                ids = ids or replica >= 0
+    except (IndexError, struct.error):
+        raise _Malformed from None
+    reader.pos = pos
+    return ids
+
+
+def _uvarint(data: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned varint of at most five bytes at ``pos``, and the position after it."""
+    value, shift = 0, 0
+    while True:
+        if shift > 28:
+            raise _Malformed
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _skip_tagged_fields(data: bytes, pos: int) -> tuple[int, bool]:
+    """The position after the tagged fields at ``pos``, and whether one was CurrentLeader."""
+    count = data[pos]
+    pos += 1
+    if count >= 0x80:
+        count, pos = _uvarint(data, pos - 1)
+    current_leader = False
+    end = len(data)
+    for _ in range(count):
+        tag, pos = _uvarint(data, pos)
+        size, pos = _uvarint(data, pos)
+        pos += size
+        if pos > end:
+            raise _Malformed
+        current_leader = current_leader or tag == CURRENT_LEADER_TAG
+    return pos, current_leader

@@ -176,3 +176,51 @@ def test_any_bytes_give_an_answer_or_none(version: int, data: bytes) -> None:
 
 def test_versions_before_11_name_no_broker() -> None:
     assert fetch_broker_names(10, b"", 0) == NONE_NAMED
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("current_leader", [False, True])
+def test_the_walk_reads_lengths_of_several_bytes(version: int, current_leader: bool) -> None:
+    """Counts and sizes past one varint byte in the flexible versions (130 aborted
+    transactions, 20 kB of records), over many partitions; a current leader named only in
+    the last one (v12+) is found."""
+    module = schema(version)
+    aborted = tuple(
+        module.AbortedTransaction(producer_id=ProducerId(i), first_offset=i64(i))
+        for i in range(130)
+    )
+    leads = "current_leader" in fields_of(module.PartitionData)
+    parts = tuple(
+        module.PartitionData(
+            partition_index=i32(p),
+            error_code=ErrorCode.none,
+            high_watermark=i64(9),
+            last_stable_offset=i64(9),
+            log_start_offset=i64(0),
+            aborted_transactions=aborted if p % 2 else None,
+            preferred_read_replica=BrokerId(-1),
+            records=bytes(20_000) if p % 3 else None,
+            **(
+                {
+                    "current_leader": module.LeaderIdAndEpoch(
+                        leader_id=BrokerId(2), leader_epoch=i32(5)
+                    )
+                }
+                if leads and current_leader and p == 199
+                else {}
+            ),
+        )
+        for p in range(200)
+    )
+    topic = {"topic_id": uuid.uuid4()} if version >= 13 else {"topic": TopicName("t")}
+    response = module.FetchResponse(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        error_code=ErrorCode.none,
+        session_id=i32(1),
+        responses=(module.FetchableTopicResponse(**topic, partitions=parts),),
+    )
+    payload, start = payload_of(encode_body(response))
+    assert fetch_broker_names(version, payload, start) == BrokerNames(
+        endpoints=False, ids=leads and current_leader
+    )
+    assert fetch_broker_names(version, payload[:-1], start) is None

@@ -5,6 +5,7 @@ partitions still answered NOT_LEADER_OR_FOLLOWER while they recover)."""
 
 import sys
 import time
+
 from tests.support.raw import (
     NOT_LEADER_OR_FOLLOWER,
     explicit_batch,
