@@ -4,6 +4,7 @@ partition's leader is, asked of the cluster with the proxy's own requests."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -134,7 +135,7 @@ class UpstreamCluster:
         for first in range(0, len(topics), TOPICS_PER_LOOKUP):
             named = topics[first : first + TOPICS_PER_LOOKUP]
             request = asyncio.ensure_future(self._ask_topics(named))
-            request.add_done_callback(lambda done, named=named: self._answered(named, done))
+            request.add_done_callback(functools.partial(self._answered, named))
 
     def _answered(self, topics: list[str], done: asyncio.Future[Any | None]) -> None:
         """Each topic's lookups get the request's answer, or what it raised; the next
