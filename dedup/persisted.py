@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 
 from dedup.ports import Clock, PersistedStore, SystemClock
 from dedup.state import Acked, Persisted, persisted_position
+from proxy.runtime.metrics import BACKGROUND_PASS_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -165,9 +166,15 @@ class PersistedRecorder:
                     self._clock.clock_ms(),
                     [token or None for _, _, token in keys],
                 )
-            except RedisError as exc:
-                # Never dropped: until it lands, re-sends are refused, not duplicated.
-                log.error("could not record persisted sequences; retrying", error=str(exc))
+            except Exception as exc:
+                # Never dropped: until it lands, re-sends are refused, not duplicated. An
+                # error nobody foresaw is retried too: ending the flusher would leave the
+                # readers waiting for this write (a snapshot, a handoff) waiting forever.
+                if isinstance(exc, RedisError):
+                    log.error("could not record persisted sequences; retrying", error=str(exc))
+                else:
+                    BACKGROUND_PASS_ERRORS.labels("persisted-flusher").inc()
+                    log.exception("recording persisted sequences failed unexpectedly; retrying")
                 self._writing, self._writing_done = {}, []
                 for key, highest in batch.items():
                     self._queue(key, highest, done[key])

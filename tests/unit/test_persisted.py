@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from dedup.persisted import PersistedRecorder
+from proxy.runtime.metrics import BACKGROUND_PASS_ERRORS
 
 pytestmark = pytest.mark.unit
 
@@ -18,11 +20,17 @@ pytestmark = pytest.mark.unit
 class FakeState:
     """Records mark_persisted calls; the first one waits for a gate, one may fail."""
 
-    def __init__(self, fail_first: bool = False, round_trip_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        fail_first: bool = False,
+        round_trip_s: float = 0.0,
+        failure: Exception | None = None,
+    ) -> None:
         self.calls: list[list[tuple[str, int, dict[str, int]]]] = []
         self.gate = asyncio.Event()
         self.fail_first = fail_first
         self.round_trip_s = round_trip_s
+        self.failure = failure or RedisConnectionError("down")
 
     async def mark_persisted(
         self,
@@ -35,7 +43,7 @@ class FakeState:
             await asyncio.sleep(self.round_trip_s)
         if self.fail_first:
             self.fail_first = False
-            raise RedisConnectionError("down")
+            raise self.failure
         self.calls.append([(t, p, dict(h)) for t, p, h in updates])
         return []
 
@@ -59,16 +67,28 @@ def test_updates_queued_during_a_flush_share_the_next_round_trip() -> None:
     ]
 
 
-def test_a_failed_flush_is_retried_not_dropped() -> None:
+@pytest.mark.parametrize(
+    "failure",
+    [RedisConnectionError("down"), ValueError("a defect, or an answer nobody foresaw")],
+    ids=["redis", "unexpected"],
+)
+def test_a_failed_flush_is_retried_not_dropped(failure: Exception) -> None:
+    """Not dropped, and the flusher goes on: a reader waiting for the write (a snapshot, a
+    handoff) would otherwise wait forever."""
+
     async def scenario() -> list[Any]:
-        state = FakeState(fail_first=True)
+        state = FakeState(fail_first=True, failure=failure)
         recorder = PersistedRecorder(state, retry_backoff_s=0.001)  # type: ignore[arg-type]
         recorder.add("t", 0, {"a": 4})
         state.gate.set()
         await asyncio.wait_for(recorder.flush(), 5)
         return state.calls
 
+    unexpected = BACKGROUND_PASS_ERRORS.labels("persisted-flusher")
+    before = unexpected._value.get()
     assert asyncio.run(scenario()) == [[("t", 0, {"a": 4})]]
+    counted = unexpected._value.get() - before
+    assert counted == (0 if isinstance(failure, RedisError) else 1)
 
 
 def test_acks_within_the_linger_share_one_write() -> None:
