@@ -24,6 +24,8 @@ from dedup import metrics
 from dedup.partitions import AckCursor, Key, PartitionStates
 from dedup.ports import PartitionRecovery
 from dedup.recovery import NotOwner, RecoveredPartition
+from proxy.runtime import background
+from proxy.runtime.metrics import BACKGROUND_PASS_ERRORS
 
 log = structlog.get_logger(__name__)
 
@@ -76,15 +78,15 @@ class RecoveryScheduler:
     def request(self, key: Key, reason: str) -> None:
         """Recover this partition (again). Its requests wait, or are told to retry, until
         it is recovered."""
-        if key in self._queue:
-            return
-        state = self.partitions.of(key)
-        if state.recovered:
-            state.recovered = False
-            state.open.set()  # waiters see `recovered` is False and answer at once
-        self._queue[key] = _Queued(reason)
-        metrics.RECOVERING.set(len(self._queue))
-        self._wakeup.set()
+        if key not in self._queue:
+            state = self.partitions.of(key)
+            if state.recovered:
+                state.recovered = False
+                state.open.set()  # waiters see `recovered` is False and answer at once
+            self._queue[key] = _Queued(reason)
+            metrics.RECOVERING.set(len(self._queue))
+            self._wakeup.set()
+        # Also for a partition queued already: the loop is started again if it ended.
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._loop(), name="recovery")
 
@@ -175,7 +177,8 @@ class RecoveryScheduler:
             await asyncio.sleep(JOIN_S)
             ready = self._ready()
             if ready:
-                await self._recover(ready)
+                with background.one_pass("recovery"):
+                    await self._recover(ready)
 
     def _due(self) -> list[Key]:
         now = asyncio.get_running_loop().time()
@@ -208,7 +211,15 @@ class RecoveryScheduler:
             recovered, failed = {}, {key: exc for key in ready}
             self._limit = 1  # one bad partition (a deleted topic) must not block the rest
         for key, result in recovered.items():
-            self._opened(key, result)
+            try:
+                self._opened(key, result)
+            except Exception as exc:  # a defect: its partition is retried, the others open
+                BACKGROUND_PASS_ERRORS.labels("recovery").inc()
+                log.exception(
+                    "opening a recovered partition failed", topic=key[0], partition=key[1]
+                )
+                self.partitions.of(key).recovered = False
+                failed = {**failed, key: exc}
         for key, error in failed.items():
             self._failed(key, error)
         metrics.RECOVERING.set(len(self._queue))

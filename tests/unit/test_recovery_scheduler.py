@@ -1,0 +1,89 @@
+"""The recovery queue keeps working through a defect: a partition whose opening failed is
+retried while the others open, and a request starts the queue's loop again if it ended."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+import pytest
+
+from dedup.partitions import Key
+from dedup.recovery import RecoveredPartition
+from dedup.recovery_scheduler import RecoveryScheduler
+from dedup.state import RecoveredState
+from proxy.runtime.metrics import BACKGROUND_PASS_ERRORS
+
+pytestmark = pytest.mark.unit
+
+A, B = ("orders", 0), ("orders", 1)
+
+
+class InstantRecovery:
+    """Every partition recovered at once, empty (`ports.PartitionRecovery`)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Key]] = []
+        self.called = asyncio.Event()
+        self.hold = asyncio.Event()
+        self.hold.set()
+
+    async def run(
+        self, partitions: Sequence[Key]
+    ) -> tuple[dict[Key, RecoveredPartition], dict[Key, Exception]]:
+        self.calls.append(list(partitions))
+        self.called.set()
+        await self.hold.wait()
+        empty = RecoveredState({}, {})
+        return {
+            key: RecoveredPartition(*key, f"token-{len(self.calls)}", 0, None, 0, 0, 0, 0.0, empty)
+            for key in partitions
+        }, {}
+
+
+async def test_a_partition_whose_opening_failed_is_retried_and_the_others_open() -> None:
+    recovery = InstantRecovery()
+    scheduler = RecoveryScheduler(recovery, retry_s=(0.01, 0.01))  # type: ignore[arg-type]
+    opened: list[Key] = []
+    failures_left = {A: 1}
+
+    def on_opened(key: Key, result: RecoveredPartition) -> None:
+        if failures_left.get(key):
+            failures_left[key] -= 1
+            raise RuntimeError("a defect in what opens the maps")
+        opened.append(key)
+
+    scheduler.on_opened = on_opened
+    unexpected = BACKGROUND_PASS_ERRORS.labels("recovery")
+    before = unexpected._value.get()
+    try:
+        scheduler.request_all([A, B], "first use")
+        assert await scheduler.wait_recovered([A, B], 5)
+        assert opened == [B, A], "B opened in the first run, A in its retry"
+        assert [sorted(call) for call in recovery.calls] == [[A, B], [A]]
+        assert scheduler.partitions.of(A).token == "token-2"
+        assert unexpected._value.get() - before == 1
+    finally:
+        await scheduler.close()
+
+
+async def test_a_request_starts_the_loop_again_even_for_a_partition_already_queued() -> None:
+    recovery = InstantRecovery()
+    recovery.hold.clear()
+    scheduler = RecoveryScheduler(recovery)  # type: ignore[arg-type]
+    try:
+        scheduler.request(A, "first use")
+        await asyncio.wait_for(recovery.called.wait(), 5)
+        task = scheduler._task
+        assert task is not None
+        task.cancel()  # the loop ended (as by an error), A still queued
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert scheduler.recovering(A)
+        recovery.hold.set()
+        scheduler.request(A, "first use")  # what a request's gate does while A is not ready
+        assert await scheduler.wait_recovered([A], 5)
+        assert scheduler._task is not task
+    finally:
+        await scheduler.close()
