@@ -177,7 +177,7 @@ def _modes(
         try:
             modes[name_text] = Mode(value_text)
         except ValueError:
-            invalid[f"{scope} {name_text}".rstrip()] = value_text
+            invalid[f"{scope} {name_text}" if name_text else scope] = value_text
     return modes
 
 
