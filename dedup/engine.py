@@ -1025,10 +1025,27 @@ class DedupEngine:
     def _gaps_of(self, item: _Work) -> SequenceGaps | None:
         """The partition's expectations, while this instance holds its lease: only what its
         producers sent while it did tells (redirected to another owner, they go on there;
-        `RecoveryScheduler.forget` empties them when the lease goes)."""
-        if item.mode is Mode.DISABLED or not self._owners.holds(item.key):
+        `RecoveryScheduler.forget` empties them when the lease goes).
+
+        Also at a partition's first use here, before the lease, while this instance is to
+        take it: a request refused then (a broker that does not know a new topic yet, the
+        recovery not done in time) must be sent again before the producer's next one, which
+        may arrive once the lease is held. The recovery keeps these only when no other
+        instance can have written the partition meanwhile (`unseen_writes`), and they go
+        when another instance holds it (`RecoveryScheduler`)."""
+        if item.mode is Mode.DISABLED:
             return None
-        return self._state_of(item).gaps
+        state = self._state_of(item)
+        if self._owners.holds(item.key):
+            return state.gaps
+        now = asyncio.get_running_loop().time()
+        if (
+            not state.recovered
+            and state.held_by(now) is None
+            and self._owners.serves_here(item.key)
+        ):
+            return state.gaps
+        return None
 
     def _refuse_behind(self, item: _Work) -> None:
         """Refuse every request admitted on the partition so far that is not yet written:

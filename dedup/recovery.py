@@ -70,6 +70,9 @@ class RecoveredPartition:
     seconds: float
     state: RecoveredState  # what was loaded (pushed = persisted)
     topic_id: str | None = None  # Kafka's id of the topic it was rebuilt from (None: unknown)
+    # Whether another instance may have written the partition since this one last held it
+    # (False: a log no one wrote, or this instance recovering again under its own lease).
+    unseen_writes: bool = True
 
 
 class NotOwner(Exception):
@@ -133,6 +136,7 @@ class Recovery:
         leases: dict[_Key, Lease] = {}
         suspects: dict[_Key, tuple[str, ...]] = {}
         unknown: list[_Key] = []  # no lease history: look at the log first
+        seen: set[_Key] = set()  # no other instance can have written them meanwhile
         for key, acquired in (await self._owners.leases.acquire(partitions)).items():
             if isinstance(acquired, Held):
                 failed[key] = NotOwner(acquired.owner)
@@ -142,6 +146,7 @@ class Recovery:
             named = tuple(s for s in acquired.suspects if s != UNKNOWN)
             if acquired.opened:  # recovering again (state lost, a write ambiguous)
                 suspects[key] = (self._owners.leases.instance_id,)
+                seen.add(key)
                 metrics.LEASES.labels("recovered_again").inc()
             elif UNKNOWN in acquired.suspects and not acquired.has_state:
                 suspects[key] = named
@@ -163,6 +168,7 @@ class Recovery:
             for key in unknown:
                 if ends[key] == 0 and not stored[key].valid and not stored[key].corrupt:
                     metrics.LEASES.labels("acquired_new").inc()
+                    seen.add(key)
                     continue  # a log no one wrote: nothing to fence, offsets stay Kafka's
                 suspects[key] += (
                     self._owners.leases.instance_id,
@@ -181,7 +187,7 @@ class Recovery:
         recovered: dict[_Key, RecoveredPartition] = {}
         for key, outcome in zip(mine, outcomes, strict=True):
             if isinstance(outcome, RecoveredPartition):
-                recovered[key] = outcome
+                recovered[key] = replace(outcome, unseen_writes=key not in seen)
             elif isinstance(outcome, Exception):
                 failed[key] = outcome
             else:

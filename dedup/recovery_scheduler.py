@@ -231,6 +231,10 @@ class RecoveryScheduler:
         state.token = result.token
         state.topic_id = result.topic_id
         state.wraps.seed(result.state.producers)
+        if result.unseen_writes:
+            # What was refused here before the lease (`DedupEngine._gaps_of`) may have been
+            # written by another instance since: its producers are met anew.
+            state.gaps.forget()
         self.on_opened(key, result)
         state.cursor = AckCursor(result.end)
         state.snapshot_generation = result.next_generation
@@ -253,6 +257,7 @@ class RecoveryScheduler:
         if isinstance(error, NotOwner):  # not to retry: its requests go to the holder
             state = self.partitions.of(key)
             state.holder = error.owner
+            state.gaps.forget()  # its producers go on at the holder
             state.holder_until = asyncio.get_running_loop().time() + HOLDER_BELIEVED_S
             log.info(
                 "partition owned by another instance",

@@ -461,6 +461,8 @@ class FakeRecovery:
     failing: dict[Key, int] = field(default_factory=dict)  # key -> runs left that fail it
     unfenceable: set[Key] = field(default_factory=set)  # a run holding one raises
     held: dict[Key, str] = field(default_factory=dict)  # key -> the instance holding its lease
+    # Partitions another instance may have written: a log with records, or these
+    written_elsewhere: set[Key] = field(default_factory=set)
     _tokens: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     async def run(
@@ -494,7 +496,17 @@ class FakeRecovery:
             end = len(self.writer.log[key])
             loaded = RecoveredState({p: (s, NOW_MS) for p, s in highest.items()}, {})
             recovered[key] = RecoveredPartition(
-                *key, token, end, None, 0, end, len(highest), 0.0, loaded, topic_id
+                *key,
+                token,
+                end,
+                None,
+                0,
+                end,
+                len(highest),
+                0.0,
+                loaded,
+                topic_id,
+                unseen_writes=bool(end) or key in self.written_elsewhere,
             )
         return recovered, failed
 
@@ -1229,6 +1241,43 @@ async def test_the_gap_rule_holds_for_explicit_identities_and_a_first_request() 
         assert (await rig.send((P0, kafka_batch(0, 2, explicit="app"))))[P0].error_code == 0
         assert (await rig.send((P0, kafka_batch(2, 2, explicit="app"))))[P0].error_code == 0
         assert rig.writer.log[P0] == in_order("app", range(1000, 1004))
+
+
+async def test_a_first_request_refused_before_the_lease_is_not_overtaken_by_the_next() -> None:
+    """Seen in a group under load: a producer's first request to a new partition, refused
+    before the owner held the lease (here: a broker that does not know the new topic yet),
+    was not recorded, so its next request, arriving once the lease was held, was written
+    ahead of the retry, whose records then read as duplicates: acknowledged, never written."""
+    async with running() as rig:
+        rig.owners.released.add(P0)  # the lease is taken by the partition's recovery
+        rig.owners.absent.add(P0)
+        first = await rig.send((P0, kafka_batch(0, 2, explicit="app")))
+        assert first[P0].error_code == ErrorCode.unknown_topic_or_partition
+        rig.owners.absent.discard(P0)
+        rig.owners.released.discard(P0)
+        second = await rig.send((P0, kafka_batch(2, 2, explicit="app")))  # sent meanwhile
+        assert retriable_not_written(second[P0]) and "skips ahead of 0" in str(
+            second[P0].error_message
+        )
+        assert (await rig.send((P0, kafka_batch(0, 2, explicit="app"))))[P0].error_code == 0
+        assert (await rig.send((P0, kafka_batch(2, 2, explicit="app"))))[P0].error_code == 0
+        assert rig.writer.log[P0] == in_order("app", range(1000, 1004))
+
+
+async def test_a_refusal_before_the_lease_is_forgotten_if_another_instance_may_have_written() -> (
+    None
+):
+    """Refused here before the lease, the batch may have been written by an instance that
+    held the partition meanwhile: what follows it is then no gap here."""
+    async with running() as rig:
+        rig.owners.released.add(P0)
+        rig.owners.absent.add(P0)
+        first = await rig.send((P0, kafka_batch(0, 2, explicit="app")))
+        assert first[P0].error_code == ErrorCode.unknown_topic_or_partition
+        rig.owners.absent.discard(P0)
+        rig.owners.released.discard(P0)
+        rig.recovery.written_elsewhere.add(P0)
+        assert (await rig.send((P0, kafka_batch(2, 2, explicit="app"))))[P0].error_code == 0
 
 
 async def test_requests_redirected_to_another_owner_leave_no_expectation_behind() -> None:
