@@ -84,13 +84,15 @@ class _Reader:
         if size > 0:
             self.skip(size)
 
-    def tagged_fields(self) -> set[int]:
-        tags: set[int] = set()
-        if self.flexible:
-            for _ in range(self.uvarint()):
-                tags.add(self.uvarint())
-                self.skip(self.uvarint())
-        return tags
+    def tagged_fields(self, tag: int) -> bool:
+        """Steps over tagged fields (flexible versions only); whether ``tag`` was one."""
+        if not self.flexible:
+            return False
+        try:
+            self.pos, found = _skip_tagged_fields(self.data, self.pos, tag)
+        except IndexError:
+            raise _Malformed from None
+        return found
 
 
 def fetch_broker_names(version: int, payload: bytes, body_start: int) -> BrokerNames | None:
@@ -108,13 +110,13 @@ def fetch_broker_names(version: int, payload: bytes, body_start: int) -> BrokerN
             else:
                 reader.skip_sized(2)  # the topic's name
             ids = _partitions_name_a_broker(reader, reader.length(4)) or ids
-            reader.tagged_fields()
-        tags = reader.tagged_fields()
+            reader.tagged_fields(NODE_ENDPOINTS_TAG)  # the topic's (none of them names one)
+        endpoints = reader.tagged_fields(NODE_ENDPOINTS_TAG)
     except _Malformed:
         return None
     if reader.pos != reader.end:
         return None
-    return BrokerNames(endpoints=NODE_ENDPOINTS_TAG in tags, ids=ids)
+    return BrokerNames(endpoints=endpoints, ids=ids)
 
 
 def _partitions_name_a_broker(reader: _Reader, count: int) -> bool:
@@ -142,7 +144,7 @@ def _partitions_name_a_broker(reader: _Reader, count: int) -> bool:
                     aborted, pos = _uvarint(data, pos - 1)
                 if aborted > 1:
                     for _ in range(aborted - 1):
-                        pos = _skip_tagged_fields(data, pos + _ABORTED_FIXED)[0]
+                        pos = _skip_tagged_fields(data, pos + _ABORTED_FIXED, -1)[0]
                 (replica,) = _INT32(data, pos)
                 size = data[pos + 4]  # compact bytes: the size plus one, 0 for null
                 pos += 5
@@ -153,7 +155,7 @@ def _partitions_name_a_broker(reader: _Reader, count: int) -> bool:
                     if pos > end:
                         raise _Malformed
                 if data[pos]:  # tagged fields (usually none: a zero byte)
-                    pos, names_current_leader = _skip_tagged_fields(data, pos)
+                    pos, names_current_leader = _skip_tagged_fields(data, pos, CURRENT_LEADER_TAG)
                     ids = ids or names_current_leader
                 else:
                     pos += 1
@@ -178,19 +180,19 @@ def _uvarint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _skip_tagged_fields(data: bytes, pos: int) -> tuple[int, bool]:
-    """The position after the tagged fields at ``pos``, and whether one was CurrentLeader."""
+def _skip_tagged_fields(data: bytes, pos: int, tag: int) -> tuple[int, bool]:
+    """The position after the tagged fields at ``pos``, and whether ``tag`` was one."""
     count = data[pos]
     pos += 1
     if count >= 0x80:
         count, pos = _uvarint(data, pos - 1)
-    current_leader = False
+    found = False
     end = len(data)
     for _ in range(count):
-        tag, pos = _uvarint(data, pos)
+        this, pos = _uvarint(data, pos)
         size, pos = _uvarint(data, pos)
         pos += size
         if pos > end:
             raise _Malformed
-        current_leader = current_leader or tag == CURRENT_LEADER_TAG
-    return pos, current_leader
+        found = found or this == tag
+    return pos, found
