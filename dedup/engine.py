@@ -744,11 +744,7 @@ class DedupEngine:
         batch. The gates (`_pass_gate`) then only wait: a producer's first request to many
         partitions would otherwise wait for as many recoveries in a row."""
         now = asyncio.get_running_loop().time()
-        first = {
-            item.key
-            for item in items
-            if not (state := self._state_of(item)).recovered and state.held_by(now) is None
-        }
+        first = {item.key for item in items if self._state_of(item).unopened(now)}
         if len(first) < 2 or not self._owners.ready():
             return  # one partition: its gate does the same
         found = await leaders_by_topic(first, self._owners.learn_leader, FIRST_USE_LOOKUPS)
@@ -1039,11 +1035,7 @@ class DedupEngine:
         if self._owners.holds(item.key):
             return state.gaps
         now = asyncio.get_running_loop().time()
-        if (
-            not state.recovered
-            and state.held_by(now) is None
-            and self._owners.serves_here(item.key)
-        ):
+        if state.unopened(now) and self._owners.serves_here(item.key):
             return state.gaps
         return None
 

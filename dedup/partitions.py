@@ -116,6 +116,11 @@ class PartitionState:
         """The instance that held the partition's lease when last tried, if recently."""
         return self.holder if self.holder is not None and now < self.holder_until else None
 
+    def unopened(self, now: float) -> bool:
+        """Not recovered here, and held by no other instance known of: at its first use
+        here, a partition this instance is to take if it serves it."""
+        return not self.recovered and self.held_by(now) is None
+
 
 class PartitionStates(dict[Key, PartitionState]):
     """Every partition the engine has met, its state created on first mention."""
