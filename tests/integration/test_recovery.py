@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 import redis
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from dedup.client import DedupProducer
 from dedup.snapshots import SnapshotStore, slot_key, snapshot_partition
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, LocalEnvironment
 from deploy.processes import port_open
-from tests.support.kafka_io import assert_exactly_once_in_order, values
+from tests.support.kafka_io import assert_exactly_once_in_order, read_all, values
 from tests.support.load import SequencedProducer
 from tests.support.ports import RECOVERY, REDIS_RELAY
 from tests.support.proxy_api import admin_call
@@ -33,6 +33,7 @@ from tests.support.raw import (
     explicit_batch,
     idempotent_batch,
     produce_answers,
+    produce_once,
     produce_raw,
     produce_request,
     produce_request_to,
@@ -540,6 +541,43 @@ def test_a_topic_that_does_not_exist_is_answered_unknown_beside_one_that_is_writ
     assert (rows[topic], rows[missing]) == ((True, None), (False, None)), "no recovery"
     assert f"{missing}/0" not in proxy_json(restartable, "/v1/ownership")["held"]
     assert len(values(local_env.bootstrap, topic)) == 1
+
+
+def test_a_request_refused_before_a_partition_exists_is_not_overtaken_once_it_does(
+    restartable: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """A Kafka producer's first request to a partition is refused before the partition
+    exists (UNKNOWN_TOPIC_OR_PARTITION: retry), before this instance holds its lease. The
+    partition is then created, and the producer's next request arrives, sent before the
+    first one's answer was read. It must be refused as a gap until the first is sent again,
+    as Kafka's broker would: before, it was written, and the retry of the first then read
+    as its duplicate and was dropped while acknowledged."""
+    topic = new_topic(local_env.bootstrap)  # one partition; partition 1 comes later
+    proxy = restartable.start()
+
+    def send(base: int, count: int) -> Any:
+        batch = idempotent_batch([f"k{base + i}".encode() for i in range(count)], 5151, 0, base)
+        return produce_once(proxy, produce_request(topic, {1: batch}))
+
+    assert send(0, 2).error_code == UNKNOWN_TOPIC_OR_PARTITION
+    admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
+    admin.create_partitions([NewPartitions(topic, 2)])[topic].result(timeout=30)
+    answers: list[Any] = []
+
+    def past_the_first_use() -> bool:
+        # Retry while the proxy does not know the partition yet or is recovering it.
+        answers.append(send(2, 2))
+        return bool(
+            answers[-1].error_code not in (UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER)
+        )
+
+    wait_until(past_the_first_use, timeout_s=60, what="partition 1 known to the proxy")
+    ahead = answers[-1]
+    assert ahead.error_code == NOT_ENOUGH_REPLICAS, ahead
+    assert "skips ahead" in (ahead.error_message or ""), ahead.error_message
+    assert [(a.error_code, a.base_offset) for a in (send(0, 2), send(2, 2))] == [(0, 0), (0, 2)]
+    written = [value for value, _ in read_all(local_env.bootstrap, topic, 1)]
+    assert written == [b"k0", b"k1", b"k2", b"k3"]
 
 
 def test_a_topic_created_again_under_a_running_proxy_takes_every_record(
