@@ -221,7 +221,11 @@ class RecoveryScheduler:
                 self.partitions.of(key).recovered = False
                 failed = {**failed, key: exc}
         for key, error in failed.items():
-            self._failed(key, error)
+            try:
+                self._failed(key, error)
+            except Exception:  # a defect: the others are still recorded, and retried
+                BACKGROUND_PASS_ERRORS.labels("recovery").inc()
+                log.exception("recording a failed recovery failed", topic=key[0], partition=key[1])
         metrics.RECOVERING.set(len(self._queue))
         async with self._recovered:
             self._recovered.notify_all()
@@ -267,17 +271,19 @@ class RecoveryScheduler:
             )
             return
         queued.failures += 1
-        queued.last_error = f"{type(error).__name__}: {error}"
-        metrics.RECOVERIES_FAILING.set(sum(1 for q in self._queue.values() if q.failures) + 1)
         first, longest = self._retry_s
         pause = min(first * 2 ** (queued.failures - 1), longest)
         queued.retry_at = asyncio.get_running_loop().time() + pause
+        # Queued again, after its pause, before anything that could fail (an error's own
+        # text, the metrics, the log): the partition is retried in any case, never at once.
         self._queue[key] = queued  # to the back: the others go first
+        queued.last_error = described = f"{type(error).__name__}: {error}"
+        metrics.RECOVERIES_FAILING.set(sum(1 for q in self._queue.values() if q.failures))
         metrics.RECOVERIES.labels("failed").inc()
         log.error(
             "partition recovery failed; retrying",
             topic=key[0],
             partition=key[1],
-            error=f"{type(error).__name__}: {error}",
+            error=described,
             retry_in_s=pause,
         )

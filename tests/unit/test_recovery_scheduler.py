@@ -87,3 +87,48 @@ async def test_a_request_starts_the_loop_again_even_for_a_partition_already_queu
         assert scheduler._task is not task
     finally:
         await scheduler.close()
+
+
+class Unprintable(Exception):
+    """An error whose own text fails (a defect in some library's exception)."""
+
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+class FailingOnceRecovery(InstantRecovery):
+    """Fails `failing`'s first recovery with an error that cannot be described."""
+
+    def __init__(self, failing: Key) -> None:
+        super().__init__()
+        self.failing: Key | None = failing
+        self.times: list[float] = []
+
+    async def run(
+        self, partitions: Sequence[Key]
+    ) -> tuple[dict[Key, RecoveredPartition], dict[Key, Exception]]:
+        self.times.append(asyncio.get_running_loop().time())
+        recovered, failed = await super().run(partitions)
+        if self.failing in recovered:
+            failed[self.failing] = Unprintable()
+            del recovered[self.failing]
+            self.failing = None
+        return recovered, failed
+
+
+async def test_a_failure_that_cannot_be_recorded_is_still_retried_after_its_pause() -> None:
+    recovery = FailingOnceRecovery(A)
+    scheduler = RecoveryScheduler(recovery, retry_s=(0.3, 0.3))  # type: ignore[arg-type]
+    unexpected = BACKGROUND_PASS_ERRORS.labels("recovery")
+    before = unexpected._value.get()
+    try:
+        scheduler.request_all([A, B], "first use")
+        assert await scheduler.wait_recovered([B], 5)
+        assert scheduler.recovering(A), "queued again, not lost"
+        assert await scheduler.wait_recovered([A], 5)
+        assert [sorted(call) for call in recovery.calls] == [[A, B], [A]]
+        first, retry = recovery.times
+        assert retry - first >= 0.3, "after its pause, not at once"
+        assert unexpected._value.get() - before == 1
+    finally:
+        await scheduler.close()
