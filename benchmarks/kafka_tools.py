@@ -540,6 +540,13 @@ def per_request(row: ToolRow | None, count: float) -> float | None:
     return count / row.produce_requests
 
 
+def cpu_us_per_request(row: ToolRow | None) -> float | None:
+    """The proxy's CPU-µs per Produce request it received (producer rows only)."""
+    if row is None or row.kind != PRODUCER or row.proxy_cpu_s is None:
+        return None
+    return per_request(row, row.proxy_cpu_s * 1e6)
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -588,6 +595,7 @@ def print_summary(console: Any, summary: list[ToolRow]) -> None:
         "pass-through CPU-ms/MB",
         "dedup CPU-ms/MB",
         "dedup records/request",
+        "CPU-µs/request pass / dedup",
         "Redis CPU-µs/record",
         "EVALSHA/request",
     ):
@@ -602,6 +610,9 @@ def print_summary(console: Any, summary: list[ToolRow]) -> None:
             _fmt(passthrough.proxy_cpu_ms_per_mib if passthrough else None, ".1f"),
             _fmt(dedup.proxy_cpu_ms_per_mib if dedup else None, ".1f"),
             _fmt(per_request(produced, produced.records_total if produced else 0), ",.0f"),
+            # A proxy's turn per request, beside Kafka's: in series with it (benchmarks/README.md)
+            f"{_fmt(cpu_us_per_request(passthrough), ',.0f')} / "
+            f"{_fmt(cpu_us_per_request(produced), ',.0f')}",
             _fmt(produced.redis_cpu_us_per_record if produced else None, ".2f"),
             _fmt(per_request(produced, produced.redis_evalsha or 0 if produced else 0), ".2f"),
         )
