@@ -341,6 +341,17 @@ def implicit_producer(producer_id: int, producer_epoch: int) -> str:
     return f"{IMPLICIT_PRODUCER_PREFIX}{producer_id}-{producer_epoch}"
 
 
+def kafka_producer_of(name: str) -> tuple[int, int] | None:
+    """The Kafka producer id and epoch an implicit identity's producer name stands for
+    (`implicit_producer`'s inverse); None for any other name."""
+    if not name.startswith(IMPLICIT_PRODUCER_PREFIX):
+        return None
+    producer_id, _, epoch = name[len(IMPLICIT_PRODUCER_PREFIX) :].rpartition("-")
+    if not (producer_id.isdigit() and epoch.isdigit()):
+        return None
+    return int(producer_id), int(epoch)
+
+
 def implicit_sequence(base_sequence: int, offset_delta: int) -> int:
     """Kafka's sequence of the record at `offset_delta` (int32, wrapping to 0)."""
     return (base_sequence + offset_delta) % IMPLICIT_SEQUENCE_MODULUS

@@ -237,8 +237,8 @@ class RecoveryScheduler:
         state.wraps.seed(result.state.producers)
         if result.unseen_writes:
             # What was refused here before the lease (`DedupEngine._gaps_of`) may have been
-            # written by another instance since: its producers are met anew.
-            state.gaps.forget()
+            # written by another instance since: its producers are known from the log alone.
+            state.gaps.seed(result.state.producers)
         self.on_opened(key, result)
         state.cursor = AckCursor(result.end)
         state.snapshot_generation = result.next_generation

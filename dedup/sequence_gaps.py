@@ -20,14 +20,21 @@ meanwhile is unknown here). A batch is taken as accepted when its
 check is queued; the expectation goes back to its first sequence when it is answered
 "retry" (the client sends it again), and passes over it when it is refused for good (the
 client never does). A producer not known may start anywhere, as with Kafka.
+
+When an owner takes a partition another instance may have written (`seed`), it starts
+from the log, as Kafka's new leader starts from its replica's producer state: each producer
+the log names by its implicit identity (Kafka's producer id, epoch and sequence, in the
+identity headers) must go on after its last record there. So a request that reaches the
+new owner ahead of one its producer sent to the old owner is refused too. Producers the log
+names by explicit identities only carry no Kafka sequence there, and are met anew.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from dedup.batches import IncomingBatch, kafka_sequenced
+from dedup.batches import IncomingBatch, kafka_producer_of, kafka_sequenced
 
 SEQUENCE_MODULUS = 1 << 31  # Kafka's sequences wrap there
 _AHEAD = 1 << 30  # a distance below this, modulo the wrap, is "ahead"; above, "behind"
@@ -101,3 +108,19 @@ class SequenceGaps:
     def forget(self) -> None:
         """The partition changed hands: what its producers sent meanwhile is not known."""
         self._next.clear()
+
+    def seed(self, producers: Mapping[str, tuple[int, int]]) -> None:
+        """The partition's producers as its log alone tells (a new owner): from a recovered
+        state (producer name -> (last sequence, last seen ms)), each Kafka producer the log
+        names by its implicit identity must go on after its last record there, as Kafka's
+        new leader expects of a producer its replica knows. The most recently seen are kept
+        within the bound."""
+        known = sorted(
+            (last_seen, producer, sequence)
+            for name, (sequence, last_seen) in producers.items()
+            if (producer := kafka_producer_of(name)) is not None
+        )
+        self._next = OrderedDict(
+            (producer, (sequence + 1) % SEQUENCE_MODULUS)
+            for _, producer, sequence in known[len(known) - self._max :]
+        )

@@ -580,6 +580,33 @@ def test_a_request_refused_before_a_partition_exists_is_not_overtaken_once_it_do
     assert written == [b"k0", b"k1", b"k2", b"k3"]
 
 
+def test_a_request_reaching_the_new_owner_ahead_of_one_sent_to_the_old_is_refused(
+    restartable: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """A Kafka producer's request for records 2-3 was sent to the partition's owner, which
+    was then killed; its next request, for 4-5, reaches the new owner first. The new owner
+    knows the producer from the log alone (records 0-1, its implicit identities), as Kafka's
+    new leader knows it from its replica, so 4-5 is refused as a gap until 2-3 comes again.
+    Before, 4-5 was written, and the re-send of 2-3 then read as duplicates of a producer
+    at 5 and was dropped while acknowledged."""
+    topic = new_topic(local_env.bootstrap)
+    restartable.start()
+
+    def send(base: int, count: int) -> Any:
+        assert restartable.process is not None
+        batch = idempotent_batch([f"k{base + i}".encode() for i in range(count)], 6161, 0, base)
+        return produce_raw(restartable.process, produce_request(topic, {0: batch}))
+
+    assert send(0, 2).error_code == 0
+    restartable.kill()  # the request for 2-3 never reaches it
+    restartable.start()  # the new owner: takes the partition over and replays its log
+    ahead = send(4, 2)
+    assert ahead.error_code == NOT_ENOUGH_REPLICAS, ahead
+    assert "skips ahead of 2" in (ahead.error_message or ""), ahead.error_message
+    assert [(a.error_code, a.base_offset) for a in (send(2, 2), send(4, 2))] == [(0, 3), (0, 5)]
+    assert values(local_env.bootstrap, topic) == [f"k{i}".encode() for i in range(6)]
+
+
 def test_a_topic_created_again_under_a_running_proxy_takes_every_record(
     restartable: RestartableProxy, local_env: EnvInfo
 ) -> None:

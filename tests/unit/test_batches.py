@@ -37,6 +37,8 @@ from dedup.batches import (
     ReadLimits,
     build_batch,
     forwardable,
+    implicit_producer,
+    kafka_producer_of,
     read_batches,
     restamp_batch,
 )
@@ -1547,3 +1549,17 @@ def test_copy_of_copies_a_span_with_the_gil_released() -> None:
     inside = [start, *(t for t in ticks if start < t < end), end]
     longest = max(b - a for a, b in itertools.pairwise(inside))
     assert longest < (end - start) / 2, f"this thread stood still {longest:.4f} s of the copy's"
+
+
+@given(st.integers(0, (1 << 63) - 1), st.integers(0, (1 << 15) - 1))
+def test_an_implicit_producer_name_gives_back_its_kafka_producer(
+    producer_id: int, epoch: int
+) -> None:
+    assert kafka_producer_of(implicit_producer(producer_id, epoch)) == (producer_id, epoch)
+
+
+@pytest.mark.parametrize(
+    "name", ["orders-service", "kafka-pid-", "kafka-pid-7", "kafka-pid-x-0", "kafka-pid--7-0"]
+)
+def test_other_names_name_no_kafka_producer(name: str) -> None:
+    assert kafka_producer_of(name) is None

@@ -1290,7 +1290,9 @@ async def test_requests_redirected_to_another_owner_leave_no_expectation_behind(
         rig.owners.elsewhere[P0] = Redirect("other", Node(7002, Endpoint("other", 9092)), 3)
         redirected = await rig.send((P0, kafka_batch(2, 2)))
         assert redirected[P0].error_code == ErrorCode.not_leader_or_follower
-        # The other owner wrote 2..499; this one takes the partition back.
+        # The other owner wrote 2..499 (the log holds them); this one takes the partition
+        # back, and knows the producer from the log alone.
+        rig.writer.log[P0].extend(("kafka-pid-40-1", sequence) for sequence in range(2, 500))
         rig.owners.released.clear()
         del rig.owners.elsewhere[P0]
         assert (await rig.send((P0, kafka_batch(500, 2))))[P0].error_code == 0
@@ -1319,16 +1321,21 @@ async def test_a_kafka_producer_mixing_identities_is_never_refused_for_a_gap() -
         ] * 2 + ["app"] * 2 + ["kafka-pid-40-1"] * 2
 
 
-async def test_the_gap_rule_knows_only_what_this_owner_saw_of_a_producer() -> None:
+async def test_the_gap_rule_knows_what_this_owner_saw_and_then_what_the_log_says() -> None:
     """A producer met for the first time may start anywhere, as with Kafka; a new epoch is
-    a new producer; after a handoff or loss (`forget`), producers are met anew."""
+    a new producer; after a handoff or loss (`forget`), producers are known from the log
+    alone, as Kafka's new leader knows them from its replica."""
     async with running() as rig:
         assert (await rig.send((P0, kafka_batch(500, 2))))[P0].error_code == 0
         assert retriable_not_written((await rig.send((P0, kafka_batch(510, 2))))[P0])
         assert (await rig.send((P0, kafka_batch(9, 2, epoch=2))))[P0].error_code == 0
         rig.scheduler.forget(P0)  # the lease lost or handed over, then taken again
+        # Meanwhile the other owner wrote 502..509: the log says the producer is at 509.
+        rig.writer.log[P0].extend(("kafka-pid-40-1", sequence) for sequence in range(502, 510))
         await rig.settle()
+        assert retriable_not_written((await rig.send((P0, kafka_batch(512, 2))))[P0])
         assert (await rig.send((P0, kafka_batch(510, 2))))[P0].error_code == 0
+        assert (await rig.send((P0, kafka_batch(512, 2))))[P0].error_code == 0
 
 
 async def test_a_fence_error_from_the_writer_leaves_the_partition_accepting_the_retry() -> None:

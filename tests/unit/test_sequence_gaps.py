@@ -115,6 +115,38 @@ def test_the_least_recently_seen_producers_go_beyond_the_bound_and_forget_clears
         SequenceGaps(max_producers=0)
 
 
+def test_a_recovered_state_seeds_the_kafka_producers_its_log_names() -> None:
+    """A new owner knows each Kafka producer of the log, by its implicit identity, as
+    Kafka's new leader knows it from its replica: the next batch follows the last record."""
+    gaps = SequenceGaps()
+    gaps.seed(
+        {
+            "kafka-pid-7-0": (11, 1_000),  # next: 12
+            "kafka-pid-8-2": (SEQUENCE_MODULUS + 4, 1_000),  # unwrapped past the wrap: 5
+            "orders-service": (99, 1_000),  # an explicit name: no Kafka sequences
+            "kafka-pid-x-0": (3, 1_000),  # not an implicit identity's form
+        }
+    )
+    assert len(gaps) == 2
+    assert gaps.gap(batch(12)) is None
+    assert gaps.gap(batch(16)) is not None, "the request for 12.. is still to come"
+    assert gaps.gap(batch(0)) is None, "a re-send of what the log holds is no gap"
+    assert gaps.gap(batch(5, producer_id=8, producer_epoch=2)) is None
+    assert gaps.gap(batch(9, producer_id=8, producer_epoch=2)) is not None
+    assert gaps.gap(batch(40, producer_epoch=1)) is None, "a new epoch starts anywhere"
+
+
+def test_seeding_replaces_what_was_seen_and_keeps_the_most_recently_seen_within_the_bound() -> None:
+    gaps = SequenceGaps(max_producers=2)
+    gaps.accepted(batch(0, producer_id=1))  # next: 4, seen before the partition changed hands
+    gaps.seed({"kafka-pid-1-0": (99, 3), "kafka-pid-2-0": (9, 2), "kafka-pid-3-0": (19, 1)})
+    assert len(gaps) == 2
+    assert gaps.gap(batch(4, producer_id=1)) is None, "behind the log's 100: a re-send"
+    assert gaps.gap(batch(104, producer_id=1)) is not None  # the log's: next is 100
+    assert gaps.gap(batch(14, producer_id=2)) is not None  # next is 10
+    assert gaps.gap(batch(24, producer_id=3)) is None  # the least recently seen: not kept
+
+
 @given(
     st.integers(0, SEQUENCE_MODULUS - 1),
     st.integers(1, 200),
