@@ -122,5 +122,5 @@ class SequenceGaps:
         )
         self._next = OrderedDict(
             (producer, (sequence + 1) % SEQUENCE_MODULUS)
-            for _, producer, sequence in known[len(known) - self._max :]
+            for _, producer, sequence in known[-self._max :]
         )
