@@ -33,7 +33,8 @@ TOPIC_RECREATED = Counter(
 SEQUENCE_GAPS = Counter(
     "dedup_sequence_gaps_total",
     "Partition batches of Kafka idempotent producers refused (retriable) for skipping ahead: "
-    "an earlier request of the producer was refused and is still to come",
+    "an earlier request of the producer (refused, or its first, sent to the owner before a "
+    "handoff) is still to come",
 )
 BAD_INPUT = Counter(
     "dedup_bad_input_total", "Partition batches refused for bad input, by error", ["error"]

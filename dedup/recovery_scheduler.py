@@ -34,6 +34,12 @@ RECOVERY_BATCH = 256  # partitions fenced together
 HOLDER_BELIEVED_S = (
     1.0  # requests are sent to the lease holder for this long, then it is asked again
 )
+# After a partition changes owner, how long a Kafka producer with implicit identities that
+# its log does not name must start at sequence 0 (`dedup.sequence_gaps`): its first request
+# may still come from the owner before. Kafka's Java producer gives a request 30 s
+# (`request.timeout.ms`), librdkafka a connection 60 s (`socket.timeout.ms`) before either
+# sends it again.
+FIRST_SEQUENCE_WAIT_S = 60.0
 JOIN_S = 0.01  # let requests arriving together join one batch
 SETTLE_POLL_S = 0.05  # how often a partition waiting for its writes to settle is looked at
 
@@ -54,9 +60,11 @@ class RecoveryScheduler:
         *,
         retry_s: tuple[float, float] = RECOVERY_RETRY_S,
         batch: int = RECOVERY_BATCH,
+        first_sequence_wait_s: float = FIRST_SEQUENCE_WAIT_S,
     ) -> None:
         self.partitions = PartitionStates() if partitions is None else partitions
         self._recovery = recovery
+        self._first_sequence_wait_s = first_sequence_wait_s
         self._retry_s = retry_s
         self._batch = batch
         self._limit = batch  # 1 after a whole batch failed, until one succeeds
@@ -237,8 +245,9 @@ class RecoveryScheduler:
         state.wraps.seed(result.state.producers)
         if result.unseen_writes:
             # What was refused here before the lease (`DedupEngine._gaps_of`) may have been
-            # written by another instance since: its producers are known from the log alone.
-            state.gaps.seed(result.state.producers)
+            # written by another instance since: its producers are known from the log alone,
+            # and one it does not name may have sent its first request to that instance.
+            state.gaps.seed(result.state.producers, self._first_sequence_wait_s)
         self.on_opened(key, result)
         state.cursor = AckCursor(result.end)
         state.snapshot_generation = result.next_generation

@@ -27,12 +27,22 @@ the log names by its implicit identity (Kafka's producer id, epoch and sequence,
 identity headers) must go on after its last record there. So a request that reaches the
 new owner ahead of one its producer sent to the old owner is refused too. Producers the log
 names by explicit identities only carry no Kafka sequence there, and are met anew.
+
+A producer with implicit identities that the log does not name may have sent its first
+request to the old owner, unwritten there and still to come: for `first_sequence_wait_s`
+after the seed, such a producer must start at sequence 0 (where a Kafka producer starts on
+every partition, under each producer id and epoch). A later request that came first would
+be written ahead of it, and the records of the first would then read as duplicates of that
+producer and be dropped while acknowledged. After the wait, a producer not known may start
+anywhere again (one whose records the log lost to retention or compaction, or that the
+state purged as idle): the wait bounds what such a producer can be held up.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from dedup.batches import IncomingBatch, kafka_producer_of, kafka_sequenced
 
@@ -48,22 +58,32 @@ def _ahead(sequence: int, of: int) -> bool:
     return 0 < (sequence - of) % SEQUENCE_MODULUS < _AHEAD
 
 
-def _sequenced(batches: Iterable[IncomingBatch]) -> Iterable[tuple[_Producer, int, int]]:
-    """(producer, first sequence, records) of each batch of an idempotent producer."""
+def _sequenced(
+    batches: Iterable[IncomingBatch],
+) -> Iterable[tuple[IncomingBatch, _Producer, int, int]]:
+    """(batch, producer, first sequence, records) of each batch of an idempotent producer."""
     for batch in batches:
         if kafka_sequenced(batch):
             producer = (batch.producer_id, batch.producer_epoch)
-            yield producer, batch.base_sequence, len(batch.records)
+            yield batch, producer, batch.base_sequence, len(batch.records)
 
 
 class SequenceGaps:
     """The next sequence each Kafka producer must send to one partition."""
 
-    def __init__(self, max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
+    def __init__(
+        self,
+        max_producers: int = DEFAULT_MAX_PRODUCERS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_producers < 1:
             raise ValueError(f"max_producers must be at least 1: {max_producers}")
         self._max = max_producers
+        self._clock = clock
         self._next: OrderedDict[_Producer, int] = OrderedDict()
+        # Until then (clock time), a producer with implicit identities not known here must
+        # start at sequence 0: its first request may still come from the previous owner.
+        self._from_zero_until = float("-inf")
 
     def __len__(self) -> int:
         return len(self._next)
@@ -72,8 +92,15 @@ class SequenceGaps:
         """Why this partition batch skips ahead of its producer's next sequence; None if it
         does not (or its producer is not known here, or not idempotent)."""
         expected: dict[_Producer, int] = {}
-        for producer, first, count in _sequenced(batches):
+        for batch, producer, first, count in _sequenced(batches):
             following = expected.get(producer, self._next.get(producer))
+            if following is None and self._from_zero(batch, first):
+                producer_id, epoch = producer
+                return (
+                    f"sequence {first} of Kafka producer {producer_id} (epoch {epoch}) is its "
+                    "first here since the partition changed owner, and the log does not name "
+                    "it: its sequence 0, sent to the owner before, may still come"
+                )
             if following is not None and _ahead(first, following):
                 producer_id, epoch = producer
                 return (
@@ -86,14 +113,21 @@ class SequenceGaps:
     def accepted(self, batches: Iterable[IncomingBatch]) -> None:
         """The batches go on to the check: their producers' next sequence follows them
         (never moving back: a retry of what was accepted already is no gap)."""
-        for producer, first, count in _sequenced(batches):
+        for _, producer, first, count in _sequenced(batches):
             self._move(producer, (first + count) % SEQUENCE_MODULUS, on=True)
 
     def refused(self, batches: Iterable[IncomingBatch]) -> None:
         """The batches were not written: their producers must send them again before
-        anything after them (a producer not known yet is known from here on)."""
-        for producer, first, _ in _sequenced(batches):
+        anything after them (a producer not known yet is known from here on, unless it
+        must still start at 0)."""
+        for batch, producer, first, _ in _sequenced(batches):
+            if producer not in self._next and self._from_zero(batch, first):
+                continue  # known from here on, it would wait for `first`, not for 0
             self._move(producer, first, on=False)
+
+    def _from_zero(self, batch: IncomingBatch, first: int) -> bool:
+        """Whether this batch, of a producer not known here, must start at sequence 0."""
+        return first != 0 and batch.implicit_identities and self._clock() < self._from_zero_until
 
     def _move(self, producer: _Producer, sequence: int, *, on: bool) -> None:
         """The producer's next sequence to `sequence` if that moves it on (`on`) or back;
@@ -108,13 +142,16 @@ class SequenceGaps:
     def forget(self) -> None:
         """The partition changed hands: what its producers sent meanwhile is not known."""
         self._next.clear()
+        self._from_zero_until = float("-inf")
 
-    def seed(self, producers: Mapping[str, tuple[int, int]]) -> None:
+    def seed(self, producers: Mapping[str, tuple[int, int]], first_sequence_wait_s: float) -> None:
         """The partition's producers as its log alone tells (a new owner): from a recovered
         state (producer name -> (last sequence, last seen ms)), each Kafka producer the log
         names by its implicit identity must go on after its last record there, as Kafka's
         new leader expects of a producer its replica knows. The most recently seen are kept
-        within the bound."""
+        within the bound. For `first_sequence_wait_s` from now, a producer with implicit
+        identities that the log does not name must start at sequence 0."""
+        self._from_zero_until = self._clock() + first_sequence_wait_s
         known = sorted(
             (last_seen, producer, sequence)
             for name, (sequence, last_seen) in producers.items()

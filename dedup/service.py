@@ -160,7 +160,8 @@ class DedupService:
                 max_producers=settings.max_producers_per_snapshot,
                 replay_timeout_s=settings.replay_timeout_s,
                 kafka_config=kafka_config,
-            )
+            ),
+            first_sequence_wait_s=settings.first_sequence_wait_s,
         )
         self.engine = DedupEngine(
             self.state,

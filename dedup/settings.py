@@ -118,6 +118,16 @@ class DedupSettings(BaseSettings):
         "it is built; false: every batch is read by the Python readers (the same answers, "
         "several times slower), without a rebuild",
     )
+    first_sequence_wait_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="after a partition changes owner (a handoff, a takeover, a restart), how "
+        "long a Kafka producer with implicit identities that the partition's log does not "
+        "name must start at sequence 0, its later requests refused (retriable) meanwhile: "
+        "its first request, sent to the owner before, may still come, and written after a "
+        "later one it would be dropped as duplicates; at least the clients' request timeout "
+        "(Kafka's Java producer: 30 s); 0: no wait",
+    )
     max_producers_per_partition: int = Field(default=10_000, gt=0)
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
     instance_id: str | None = Field(

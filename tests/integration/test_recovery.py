@@ -607,6 +607,65 @@ def test_a_request_reaching_the_new_owner_ahead_of_one_sent_to_the_old_is_refuse
     assert values(local_env.bootstrap, topic) == [f"k{i}".encode() for i in range(6)]
 
 
+def test_a_producers_first_request_is_not_overtaken_at_the_new_owner(
+    restartable: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """A Kafka producer's first request to the partition (records 0-1) was sent to its
+    owner, which was then killed; its second (2-3) reaches the new owner first. The log
+    does not name the producer, so nothing says where it is, except that a Kafka producer
+    starts a partition at sequence 0: 2-3 is refused until 0-1 comes again. Before, 2-3
+    was written, and the re-send of 0-1 then read as duplicates and was dropped while
+    acknowledged."""
+    topic = new_topic(local_env.bootstrap)
+    restartable.start()
+
+    def send(producer_id: int, base: int, count: int) -> Any:
+        assert restartable.process is not None
+        keys = [f"{producer_id}-{base + i}".encode() for i in range(count)]
+        batch = idempotent_batch(keys, producer_id, 0, base)
+        return produce_raw(restartable.process, produce_request(topic, {0: batch}))
+
+    assert send(6262, 0, 2).error_code == 0  # another producer: the log is not empty
+    restartable.kill()  # the request for 0-1 of producer 7272 never reaches it
+    restartable.start()  # the new owner: takes the partition over and replays its log
+    ahead = send(7272, 2, 2)
+    assert ahead.error_code == NOT_ENOUGH_REPLICAS, ahead
+    assert "sequence 0, sent to the owner before, may still come" in (ahead.error_message or "")
+    assert send(7272, 2, 2).error_code == NOT_ENOUGH_REPLICAS, "still waiting for 0-1"
+    answers = [send(7272, 0, 2), send(7272, 2, 2)]
+    assert [(a.error_code, a.base_offset) for a in answers] == [(0, 3), (0, 5)]
+    assert values(local_env.bootstrap, topic) == [
+        f"{p}-{i}".encode() for p, n in ((6262, 2), (7272, 4)) for i in range(n)
+    ]
+
+
+def test_a_producer_the_log_lost_goes_on_after_the_wait_for_its_first_sequence(
+    local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """The wait is bounded (`first_sequence_wait_s`): a producer whose earlier records the
+    log no longer holds (retention, compaction, a state purged as idle) is held up that
+    long at a new owner, and then goes on, as Kafka takes a producer it does not know."""
+    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_FIRST_SEQUENCE_WAIT_S="2")
+    try:
+        topic = new_topic(local_env.bootstrap)
+        restartable.start()
+
+        def send(producer_id: int, base: int) -> Any:
+            assert restartable.process is not None
+            batch = idempotent_batch([f"{producer_id}-{base}".encode()], producer_id, 0, base)
+            return produce_raw(restartable.process, produce_request(topic, {0: batch}))
+
+        assert send(6363, 0).error_code == 0
+        restartable.kill()
+        restartable.start()
+        assert send(7373, 40).error_code == NOT_ENOUGH_REPLICAS
+        wait_until(lambda: send(7373, 40).error_code == 0, 30, "7373 goes on after the wait")
+        assert send(7373, 41).error_code == 0
+        assert values(local_env.bootstrap, topic) == [b"6363-0", b"7373-40", b"7373-41"]
+    finally:
+        restartable.stop()
+
+
 def test_a_topic_created_again_under_a_running_proxy_takes_every_record(
     restartable: RestartableProxy, local_env: EnvInfo
 ) -> None:

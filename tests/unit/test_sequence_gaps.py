@@ -26,6 +26,7 @@ class Batch:
     producer_epoch: int = 0
     transactional: bool = False
     control: bool = False
+    implicit_identities: bool = False
     records: list[None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -125,7 +126,8 @@ def test_a_recovered_state_seeds_the_kafka_producers_its_log_names() -> None:
             "kafka-pid-8-2": (SEQUENCE_MODULUS + 4, 1_000),  # unwrapped past the wrap: 5
             "orders-service": (99, 1_000),  # an explicit name: no Kafka sequences
             "kafka-pid-x-0": (3, 1_000),  # not an implicit identity's form
-        }
+        },
+        first_sequence_wait_s=0,
     )
     assert len(gaps) == 2
     assert gaps.gap(batch(12)) is None
@@ -139,12 +141,58 @@ def test_a_recovered_state_seeds_the_kafka_producers_its_log_names() -> None:
 def test_seeding_replaces_what_was_seen_and_keeps_the_most_recently_seen_within_the_bound() -> None:
     gaps = SequenceGaps(max_producers=2)
     gaps.accepted(batch(0, producer_id=1))  # next: 4, seen before the partition changed hands
-    gaps.seed({"kafka-pid-1-0": (99, 3), "kafka-pid-2-0": (9, 2), "kafka-pid-3-0": (19, 1)})
+    gaps.seed(
+        {"kafka-pid-1-0": (99, 3), "kafka-pid-2-0": (9, 2), "kafka-pid-3-0": (19, 1)},
+        first_sequence_wait_s=0,
+    )
     assert len(gaps) == 2
     assert gaps.gap(batch(4, producer_id=1)) is None, "behind the log's 100: a re-send"
     assert gaps.gap(batch(104, producer_id=1)) is not None  # the log's: next is 100
     assert gaps.gap(batch(14, producer_id=2)) is not None  # next is 10
     assert gaps.gap(batch(24, producer_id=3)) is None  # the least recently seen: not kept
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_after_a_seed_a_producer_the_log_does_not_name_starts_at_zero_for_a_while() -> None:
+    """Its first request may still come from the owner before: a later one written first
+    would make it read as duplicates. Implicit identities only (an explicit one's log
+    carries no Kafka sequence), and only for the wait (a producer whose records the log
+    lost may start anywhere then, as with Kafka)."""
+    clock = Clock()
+    gaps = SequenceGaps(clock=clock)
+    gaps.seed({"kafka-pid-7-0": (11, 1_000)}, first_sequence_wait_s=60)
+    new = {"producer_id": 9, "implicit_identities": True}
+    gap = gaps.gap(batch(4, **new))
+    assert gap is not None and "sequence 0, sent to the owner before, may still come" in gap
+    gaps.refused(batch(4, **new))
+    assert gaps.gap(batch(4, **new)) is not None, "refused, it still waits for 0, not for 4"
+    assert gaps.gap(batch(12, implicit_identities=True)) is None, "known: goes on from the log"
+    assert gaps.gap(batch(4, producer_id=9)) is None, "explicit identities: met anew"
+    assert gaps.gap(batch(4, producer_epoch=1, implicit_identities=True)) is not None
+    assert gaps.gap(batch(0, **new)) is None
+    gaps.accepted(batch(0, **new))
+    assert gaps.gap(batch(4, **new)) is None, "after 0-3, 4 follows"
+    clock.now += 60
+    assert gaps.gap(batch(8, producer_id=10, implicit_identities=True)) is None, "waited"
+    gaps.refused(batch(8, producer_id=10, implicit_identities=True))
+    assert gaps.gap(batch(12, producer_id=10, implicit_identities=True)) is not None
+
+
+def test_the_wait_for_sequence_zero_ends_when_the_partition_is_forgotten() -> None:
+    gaps = SequenceGaps(clock=Clock())
+    gaps.seed({}, first_sequence_wait_s=60)
+    assert gaps.gap(batch(4, implicit_identities=True)) is not None
+    gaps.forget()  # its producers go on at another owner
+    assert gaps.gap(batch(4, implicit_identities=True)) is None
+    gaps.seed({}, first_sequence_wait_s=0)
+    assert gaps.gap(batch(4, implicit_identities=True)) is None, "no wait"
 
 
 @given(
