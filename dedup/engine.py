@@ -76,7 +76,7 @@ from dedup.chunks import ChunkMeta, ChunkProgress
 from dedup.group_check import GroupCheck
 from dedup.local_check import LocalCheck
 from dedup.ownership.owner import Redirect, leaders_by_topic
-from dedup.partitions import Key, PartitionState, _Ticket
+from dedup.partitions import Key, PartitionState, Reach, _Ticket
 from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot
 from dedup.ports import Clock, Owners, Policies, StateStore, TopicIdLookup, Writer
@@ -148,6 +148,7 @@ class Admission:
 
     snapshot: PolicySnapshot
     principal: str | None = None  # the client's, when it authenticated (names bind to it)
+    connection: object | None = None  # the client connection it came on, when known
     predecessors: list[asyncio.Future[None]] = field(default_factory=list)
     turns: list[asyncio.Future[None]] = field(default_factory=list)
     # The same line, one step earlier: a request queues its check once the requests ahead
@@ -188,6 +189,10 @@ class _Work:
     ticket: _Ticket | None = None  # its place in the partition's AckCursor, once submitted
     sizes: tuple[int | None, ...] = ()  # per identity: its chunked message's bytes so far
     behind: bool = False  # refused because one ahead of it in line was not written
+    # What its own refusal, if retriable, holds back behind it (`Reach`), and the client
+    # connection it came on (a `Reach.CONNECTION` refusal holds back that connection's).
+    reach: Reach = Reach.PARTITION
+    connection: object | None = None
     in_turn: bool = False  # every request ahead of it in line is written or refused
     checked_as: PartitionCheck | None = None  # what the state checked, once it did
     # Per batch, what the reader thread made of it (`made_ahead`: large or compressed
@@ -401,10 +406,13 @@ class DedupEngine:
 
     # ------------------------------------------------------------- 1. admit
 
-    async def admit(self, request: Any, principal: str | None = None) -> Admission | None:
+    async def admit(
+        self, request: Any, principal: str | None = None, connection: object | None = None
+    ) -> Admission | None:
         """Called as each Produce request arrives, in arrival order: None to forward it as
         is (transactional, or dedup disabled for every topic it writes), else its place in
-        line on each of its partitions, taken before anything else can run."""
+        line on each of its partitions, taken before anything else can run. ``connection``:
+        any object that stands for the client connection it came on."""
         if request.transactional_id is not None:
             return None
         snapshot = await self._policies.snapshot()
@@ -415,7 +423,7 @@ class DedupEngine:
             return None
         # Nothing below awaits: the places in line follow the order of arrival.
         loop = asyncio.get_running_loop()
-        admission = Admission(snapshot, principal, parts=_partition_data(request))
+        admission = Admission(snapshot, principal, connection, parts=_partition_data(request))
         for key in admission.parts:  # one place per partition, however often named
             gate = self._partitions.of(key)
             if gate.last_in_line is not None and not gate.last_in_line.done():
@@ -440,7 +448,10 @@ class DedupEngine:
         if len(parts) < sum(len(topic.partition_data) for topic in request.topic_data):
             log.warning("a Produce request names a partition twice: its last data counts")
         modes = admission.snapshot.mode_for
-        work = [_Work(*key, modes(key[0]), admission.numbers[key]) for key in parts]
+        work = [
+            _Work(*key, modes(key[0]), admission.numbers[key], connection=admission.connection)
+            for key in parts
+        ]
         timeout_ms = int(request.timeout.total_seconds() * 1000)
         try:
             try:
@@ -509,9 +520,11 @@ class DedupEngine:
                 partition=item.partition,
                 error=bad.message,
             )
+            item.reach = Reach.CONNECTION  # its producer unknown: as `Reach` says
             item.answer = PartitionAnswer(bad.error_code, error_message=bad.message)
             return
         if not item.batches:
+            item.reach = Reach.CONNECTION
             item.answer = PartitionAnswer(ErrorCode.corrupt_message, error_message="no records")
             return
         if item.mode is Mode.REQUIRE:
@@ -554,6 +567,7 @@ class DedupEngine:
                 gap = None if gaps is None else gaps.gap(item.batches)
                 if gap is not None:
                     metrics.SEQUENCE_GAPS.inc()
+                    item.reach = Reach.ITSELF  # the rule holds back its producer's next
                     self._refuse(item, _not_written(gap))
                     continue
                 if gaps is not None:
@@ -601,10 +615,9 @@ class DedupEngine:
                 self._refuse(item, _not_written("dedup state unavailable"))
             return
         for item, verdict in zip(checked, verdicts, strict=True):
-            if item.number <= self._state_of(item).refuse_through:
+            if self._behind_a_refusal(item, self._state_of(item)):
                 # One ahead of it was refused after this check went out (serially it would
                 # have been refused at the gate): refused, and what its check pushed undone.
-                item.behind = True
                 if not verdict.lost:
                     self._fail(item)
                 item.answer = _not_written(
@@ -632,6 +645,7 @@ class DedupEngine:
                 # before may be in a request refused while the partition recovered, or be
                 # retried right now; the client re-sends both, in order.
                 metrics.RECORDS.labels("unknown").inc(len(item.identified))
+                item.reach = Reach.CONNECTION  # as `Reach` says: any client can send one
                 self._refuse(
                     item, _not_written(f"{verdict.bad}; the chunk before is still to come")
                 )
@@ -757,8 +771,7 @@ class DedupEngine:
         """Wait while the partition recovers or settles a failed write."""
         state = self._state_of(item)
         while True:
-            if item.number <= state.refuse_through:
-                item.behind = True
+            if self._behind_a_refusal(item, state):
                 item.answer = _not_written(
                     "an earlier request to this partition was not written; retry in order"
                 )
@@ -913,10 +926,7 @@ class DedupEngine:
         state = self._state_of(item)
 
         def wanted() -> bool:
-            if item.number <= state.refuse_through:
-                item.behind = True
-                return False
-            return True
+            return not self._behind_a_refusal(item, state)
 
         return wanted
 
@@ -967,7 +977,7 @@ class DedupEngine:
 
     def _release(self, work: list[_Work]) -> None:
         for item in work:
-            self._state_of(item).released += 1
+            self._state_of(item).released_one()
             if item.answer is None:
                 self._abandon(item)
             elif item.answer.error_code:  # every way to "not written" ends here too
@@ -1040,13 +1050,27 @@ class DedupEngine:
         return None
 
     def _refuse_behind(self, item: _Work) -> None:
-        """Refuse every request admitted on the partition so far that is not yet written:
-        each was sent before this one's answer (retry) reached its client. Only once its
-        turn has come: the requests ahead of it are written or refused by then."""
-        if item.mode is Mode.DISABLED or not item.in_turn:
+        """Refuse the requests admitted on the partition so far that are not yet written,
+        as far as the refusal's `Reach`: each was sent before this one's answer (retry)
+        reached its client. Only once its turn has come: the requests ahead of it are
+        written or refused by then."""
+        if item.mode is Mode.DISABLED or not item.in_turn or item.reach is Reach.ITSELF:
             return
         state = self._state_of(item)
-        state.refuse_through = max(state.refuse_through, state.admitted)
+        if item.reach is Reach.CONNECTION and item.connection is not None:
+            state.refuse_on(item.connection)
+        else:
+            state.refuse_through = max(state.refuse_through, state.admitted)
+
+    @staticmethod
+    def _behind_a_refusal(item: _Work, state: PartitionState) -> bool:
+        """Whether a refusal ahead of it in line refuses this request too; if so it is
+        marked `behind`, and its own refusal reaches as far as that one's."""
+        reach = state.refuses(item.number, item.connection)
+        if reach is None:
+            return False
+        item.behind, item.reach = True, reach
+        return True
 
     def _fail(self, item: _Work) -> None:
         state = self._state_of(item)

@@ -2,7 +2,8 @@
 
 - The gate between a request's check and its outcome (a failed write closes it until
   ``pushed`` is reset), the place in line of the latest admitted request, and how far
-  back in line requests are refused after one was not written (`PartitionState.refuse_through`).
+  back in line requests are refused after one was not written (`PartitionState.refuse_through`,
+  or `refuse_through_on` a client connection when the refusal was about that request alone).
 - Recovery: whether the partition's dedup state has been rebuilt from the log by this
   proxy process (``recovered``), and the token that proves Redis still holds that state.
 - The sequence maps themselves, when the owner keeps them (``check_state = "memory"``,
@@ -18,7 +19,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import TYPE_CHECKING, Final
 
 from dedup.implicit_wraps import Wraps
 from dedup.sequence_gaps import SequenceGaps
@@ -73,6 +75,28 @@ class AckCursor:
 Key = tuple[str, int]  # topic, partition
 
 
+class Reach(Enum):
+    """What a request answered "not written, retry" holds back behind it on its partition:
+    the requests admitted before that answer was decided (their clients sent them without
+    knowing it), which, written, would overtake its retry."""
+
+    PARTITION = "partition"  # every one (a write failed, the partition is recovering, ...)
+    # Those of its client connection, where the refusal is about the request alone and any
+    # client can draw it: a damaged batch (no producer in it the proxy can trust), a chunk
+    # whose chunk before never came (a later whole record of its producer would be taken).
+    # A client pipelines its requests to a partition on the one connection.
+    CONNECTION = "connection"
+    # None: a Kafka idempotent producer's batch that skips ahead of its sequence. Kafka's
+    # rule itself then holds back that producer's later batches, and no other's, as
+    # Kafka's broker refuses the one batch (`dedup.sequence_gaps`).
+    ITSELF = "itself"
+
+
+# Client connections a partition keeps refusals of its own for at once (`refuse_on`); a
+# refusal beyond them refuses every request behind it, as any other refusal does.
+MAX_CONNECTIONS_REFUSED: Final = 1_000
+
+
 @dataclass(slots=True)
 class PartitionState:
     pending: int = 0  # requests between their check and their outcome
@@ -86,6 +110,9 @@ class PartitionState:
     # could reach the client: those were sent without knowing, and written they would
     # overtake its retry (whose records would then read as old duplicates and be lost).
     refuse_through: int = 0
+    # ... or, for a refusal of `Reach.CONNECTION`, only the requests of its client
+    # connection. Connection -> the number in line refused through.
+    refuse_through_on: dict[object, int] = field(default_factory=dict)
 
     recovered: bool = False  # the state was rebuilt from the log by this process
     holder: str | None = None  # another instance held the lease when this one tried
@@ -111,6 +138,31 @@ class PartitionState:
 
     def __post_init__(self) -> None:
         self.open.set()
+
+    def refuse_on(self, connection: object) -> None:
+        """Refuse the requests admitted so far that came on ``connection``; every request
+        admitted so far, beyond `MAX_CONNECTIONS_REFUSED` connections."""
+        refusals = self.refuse_through_on
+        if connection not in refusals and len(refusals) >= MAX_CONNECTIONS_REFUSED:
+            self.refuse_through = max(self.refuse_through, self.admitted)
+            return
+        refusals[connection] = self.admitted
+
+    def refuses(self, number: int, connection: object | None) -> Reach | None:
+        """The reach of a refusal ahead of request ``number`` in line that refuses it too,
+        if any."""
+        if number <= self.refuse_through:
+            return Reach.PARTITION
+        if connection is not None and number <= self.refuse_through_on.get(connection, 0):
+            return Reach.CONNECTION
+        return None
+
+    def released_one(self) -> None:
+        """A request's work on the partition ended; with none left, the refusals of
+        single connections refuse nothing any more (every number they name is done)."""
+        self.released += 1
+        if self.refuse_through_on and self.released >= self.admitted:
+            self.refuse_through_on.clear()
 
     def held_by(self, now: float) -> str | None:
         """The instance that held the partition's lease when last tried, if recently."""

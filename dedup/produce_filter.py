@@ -46,7 +46,9 @@ class DedupProduceFilter:
         if not await self._engine.dedup_anywhere():
             return Forward()
         request: Any = await _decoded(frame)  # one kio class per version, the same fields
-        admission = await self._engine.admit(request, context.identity.principal)
+        admission = await self._engine.admit(
+            request, context.identity.principal, context.connection
+        )
         if admission is None:
             return Forward()
         assert context.upstream is not None, "a request arrives only once upstream is connected"

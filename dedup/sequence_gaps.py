@@ -11,7 +11,10 @@ The proxy needs that rule for the one hazard its ordering cannot see otherwise
 behind it, but a request of the same producer that arrives after that answer was decided,
 sent before its client read it, would be written ahead of the retry, whose records would
 then read as old duplicates and be dropped. Such a request skips ahead of what this owner
-accepted or refused of its producer, so it is refused too, retriable.
+accepted or refused of its producer, so it is refused too, retriable. A batch refused so
+holds back nothing behind it (`dedup.partitions.Reach.ITSELF`): the rule refuses its
+producer's later batches itself, and another producer's have no reason to wait, as at
+Kafka's broker.
 
 Per partition, per Kafka producer (id, epoch): the sequence its next batch must start at,
 as this owner has seen the partition while holding its lease (the engine records nothing

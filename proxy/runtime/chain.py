@@ -96,6 +96,8 @@ class FilterContext:
     listener: str = ""
     look: BrokerNamesLook = field(default_factory=BrokerNamesLook, compare=False, repr=False)
     identity: ClientIdentity = field(default_factory=ClientIdentity, compare=False)
+    # Stands for the client connection, one per connection (kept by `replace`).
+    connection: object = field(default_factory=object, compare=False, repr=False)
 
     def may_name_brokers(
         self, api_key: int, version: int, payload: bytes, start: int, by_id: bool = False

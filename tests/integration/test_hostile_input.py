@@ -19,10 +19,14 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from dedup.batches import HEADER_PRODUCER, HEADER_SEQUENCE
+from dedup.chunks import ChunkMeta, chunk_headers
 from dedup.client import DedupProducer
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
@@ -34,10 +38,14 @@ from tests.support.proxy_api import metric_total
 from tests.support.raw import (
     bomb_batch,
     explicit_batch,
+    first_answer,
+    idempotent_batch,
     produce_once,
+    produce_pipelined,
     produce_raw,
     produce_request,
     read_response,
+    record_batch,
 )
 from tests.support.relay import relayed_redis
 from tests.support.topics import new_topic
@@ -45,6 +53,8 @@ from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
+CORRUPT_MESSAGE = 2
+NOT_ENOUGH_REPLICAS = 19
 MESSAGE_TOO_LARGE = 10
 UNKNOWN_TOPIC_OR_PARTITION = 3
 INVALID_RECORD = 87
@@ -226,6 +236,125 @@ def test_a_partition_that_does_not_exist_is_answered_unknown_and_holds_back_no_o
     rows = {p["partition"]: (p["recovered"], p["recovery_failing"]) for p in listed}
     assert rows == {0: (True, None)} | {p: (False, None) for p in range(1, 21)}
     assert metric_total(jump_bounded, 'dedup_recoveries_total{result="failed"}') == 0
+
+
+def damaged(batch: bytes) -> bytes:
+    """The batch with its last byte changed: its CRC no longer matches."""
+    return batch[:-1] + bytes([batch[-1] ^ 0xFF])
+
+
+BURST = 50  # requests a hostile connection pipelines at a time
+HONEST_REQUESTS = 300
+
+
+def honest_beside(
+    proxy: ProxyProcess, topic: str, burst: list[Any]
+) -> tuple[list[Any], list[tuple[int, int, str | None]]]:
+    """One connection pipelines `burst`, again and again, while a producer on another
+    connection writes HONEST_REQUESTS records to partition 0, one request at a time: the
+    answers to the burst's requests, and every refusal of the honest producer's."""
+    stop = threading.Event()
+    poured: list[Any] = []
+
+    def pour() -> None:
+        while not stop.is_set():
+            poured.extend(produce_pipelined(proxy, burst))
+
+    hostile = threading.Thread(target=pour, daemon=True)
+    hostile.start()
+    refused = []
+    try:
+        while len(poured) < len(burst):
+            time.sleep(0.01)
+        with socket.create_connection(("127.0.0.1", proxy.broker_port()), timeout=30) as sock:
+            for sequence in range(HONEST_REQUESTS):
+                request = produce_request(topic, {0: explicit_batch([("honest", sequence)])})
+                sock.sendall(encode_request(request, sequence + 1))
+                answer = first_answer(read_response(sock))
+                if answer.error_code:
+                    refused.append((sequence, answer.error_code, answer.error_message))
+    finally:
+        stop.set()
+        hostile.join(60)
+    assert not hostile.is_alive(), "the hostile connection is stuck"
+    print(f"\n{len(poured)} requests poured beside {HONEST_REQUESTS} honest ones")
+    assert len(poured) >= 2 * len(burst), "the hostile requests kept coming"
+    return poured, refused
+
+
+def honest_records(bootstrap: str, topic: str) -> list[bytes]:
+    return [v for v in values(bootstrap, topic) if v.startswith(b"v")]
+
+
+def skipping_ahead(topic: str) -> Any:
+    """A batch of Kafka producer 8282, known at sequence 0 (`before`), at sequence 9."""
+    return produce_request(topic, {0: idempotent_batch([b"h9"], 8282, 0, 9)})
+
+
+def chunk_skipping_ahead(topic: str) -> Any:
+    """Chunk 1 of producer h's message 1 (3 chunks), whose chunk 0 never came."""
+    meta = ChunkMeta("h-1", 1, 3, 9)
+    headers = [(HEADER_PRODUCER.encode(), b"h"), (HEADER_SEQUENCE.encode(), b"1")]
+    headers += [(name.encode(), data) for name, data in chunk_headers(meta)]
+    return produce_request(topic, {0: record_batch([(b"def", headers)])})
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Requests refused for what they are, retriable, that any client can send."""
+
+    request: Callable[[str], Any]  # of the topic
+    code: int
+    words: str  # in the refusal's message
+    before: Callable[[str], Any] | None = None  # sent once first
+
+
+REFUSED_ALONE = {
+    # Kafka's sequence-gap rule: refused alone, as Kafka's broker refuses such a batch.
+    "kafka-batch-skipping-ahead": Refused(
+        skipping_ahead,
+        NOT_ENOUGH_REPLICAS,
+        "skips ahead of 1",
+        lambda topic: produce_request(topic, {0: idempotent_batch([b"h0"], 8282, 0, 0)}),
+    ),
+    # Producer unknown: its own connection's requests held back, no other's.
+    "damaged-batch": Refused(
+        lambda topic: produce_request(topic, {0: damaged(explicit_batch([("h", 0)]))}),
+        CORRUPT_MESSAGE,
+        "crc",
+    ),
+    "chunk-skipping-ahead": Refused(
+        chunk_skipping_ahead, NOT_ENOUGH_REPLICAS, "the message's chunk 0 was never accepted"
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSED_ALONE))
+def test_refusals_any_client_can_draw_hold_back_no_other_connections_requests(
+    kind: str, dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """A client pours requests that are refused, retriable, for what they are into a
+    partition while a producer on another connection writes there, one request at a time.
+    Every one of the honest producer's requests is written at its first attempt. Before,
+    each refusal also refused every request admitted behind it on the partition until its
+    answer was decided: the client kept every other producer there re-sending.
+
+    A batch that skips ahead of its Kafka producer's sequence holds back nothing behind it
+    (Kafka's rule holds back that producer's later batches); a damaged batch, or a chunk
+    whose chunk before never came, holds back the requests its own connection sent behind
+    it (`dedup.partitions.Reach`)."""
+    refused_kind = REFUSED_ALONE[kind]
+    topic = new_topic(local_env.bootstrap)
+    first = produce_request(topic, {0: explicit_batch([("x", 0)])})
+    assert produce_raw(dedup_proxy, first).error_code == 0
+    if refused_kind.before is not None:
+        assert produce_raw(dedup_proxy, refused_kind.before(topic)).error_code == 0
+    poured, refused = honest_beside(dedup_proxy, topic, [refused_kind.request(topic)] * BURST)
+    assert {a.error_code for a in poured} == {refused_kind.code}
+    assert all(refused_kind.words in (a.error_message or "").lower() for a in poured), poured[0]
+    assert refused == [], f"the honest producer was refused: {refused[:5]}"
+    expected = [b"v0"] + [f"v{n}".encode() for n in range(HONEST_REQUESTS)]
+    assert honest_records(local_env.bootstrap, topic) == expected
 
 
 FLOOD_REQUESTS = 3000

@@ -207,7 +207,28 @@ def produce_answers(
     port = proxy.broker_port()
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(encode_request(request, 1))
-        frame = read_response(sock)
+        return _answers_of(read_response(sock))
+
+
+def produce_pipelined(
+    proxy: ProxyProcess, requests: Sequence[produce_v9.ProduceRequest]
+) -> list[Any]:
+    """Send the Produce requests on one connection, each before any answer is read (as a
+    client pipelines them); the first partition's answer to each, in order. No retry."""
+    port = proxy.broker_port()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(b"".join(encode_request(r, n) for n, r in enumerate(requests, 1)))
+        frames = [read_response(sock) for _ in requests]
+    assert [correlation_id(f) for f in frames] == list(range(1, len(requests) + 1))
+    return [first_answer(frame) for frame in frames]
+
+
+def first_answer(frame: bytes) -> Any:
+    """The first partition's answer in a Produce v9 response frame."""
+    return next(iter(_answers_of(frame).values()))
+
+
+def _answers_of(frame: bytes) -> dict[tuple[str, int], Any]:
     response = decode_response_body(0, 9, frame, 5)  # v9: flexible header, no tagged fields
     assert isinstance(response, produce_v9_response.ProduceResponse)
     return {

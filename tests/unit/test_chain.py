@@ -41,6 +41,14 @@ def context() -> FilterContext:
     return FilterContext(Topology([Endpoint("kafka", 9092)], "proxy", broker_port_base=40000))
 
 
+def test_a_context_stands_for_its_connection_for_as_long_as_it_lasts() -> None:
+    """Each connection's context is told apart from every other's (`connection`), and
+    keeps that once its upstream is known (`replace`)."""
+    first, second = context(), context()
+    assert first.connection is not second.connection
+    assert replace(first, upstream=Endpoint("kafka", 9092)).connection is first.connection
+
+
 def metadata_request_frame(topic: str = "orders") -> RequestFrame:
     request = metadata_request_v12.MetadataRequest(
         topics=(metadata_request_v12.MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),

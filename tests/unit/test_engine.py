@@ -581,15 +581,19 @@ class Rig:
     check_state: str
     topic_ids: FakeTopicIds
 
-    async def admit(self, *parts: tuple[Key, bytes]) -> asyncio.Task[dict[Key, PartitionAnswer]]:
+    async def admit(
+        self, *parts: tuple[Key, bytes], connection: object | None = None
+    ) -> asyncio.Task[dict[Key, PartitionAnswer]]:
         """Admit one request now (its place in line) and start it, without waiting."""
         request = produce_request(*parts)
-        admission = await self.engine.admit(request)
+        admission = await self.engine.admit(request, connection=connection)
         assert admission is not None
         return asyncio.create_task(self.engine.produce(request, admission, BROKER))
 
-    async def send(self, *parts: tuple[Key, bytes]) -> dict[Key, PartitionAnswer]:
-        return await asyncio.wait_for(await self.admit(*parts), 5)
+    async def send(
+        self, *parts: tuple[Key, bytes], connection: object | None = None
+    ) -> dict[Key, PartitionAnswer]:
+        return await asyncio.wait_for(await self.admit(*parts, connection=connection), 5)
 
     async def settle(self) -> None:
         """Until the background work (resets, recoveries, persisted flushes) is done."""
@@ -1223,6 +1227,74 @@ async def test_a_kafka_producers_request_sent_behind_a_refused_one_waits_for_its
         assert (await rig.send((P0, kafka_batch(2, 2))))[P0] == PartitionAnswer(base_offset=2)
         assert (await rig.send((P0, kafka_batch(4, 2))))[P0] == PartitionAnswer(base_offset=4)
         assert rig.writer.log[P0] == in_order(producer, range(6))
+
+
+async def test_a_batch_skipping_ahead_is_refused_alone_as_kafka_refuses_it() -> None:
+    """A Kafka producer's batch that skips ahead of its sequence is refused, retriable, and
+    nothing behind it with it: another producer's request goes on, and so does the batch
+    its own producer was to send next, as at Kafka's broker. Before, every request admitted
+    behind it on the partition was refused too, so a client could make every other
+    producer there re-send, by sending batches under producer ids of its own that skip
+    ahead (the README's "Retries forced on other producers")."""
+    async with running() as rig:
+        await rig.send((P0, kafka_batch(0, 2)))
+        await rig.send((P0, kafka_batch(0, 2, producer_id=41)))
+        await rig.settle()
+        skipping = await rig.admit((P0, kafka_batch(5, 2)))  # producer 40 expects 2
+        other = await rig.admit((P0, kafka_batch(2, 2, producer_id=41)))
+        own_next = await rig.admit((P0, kafka_batch(2, 2)))
+        answers = [(await asyncio.wait_for(t, 5))[P0] for t in (skipping, other, own_next)]
+        assert retriable_not_written(answers[0])
+        assert "skips ahead of 2" in str(answers[0].error_message)
+        assert answers[1:] == [PartitionAnswer(base_offset=4), PartitionAnswer(base_offset=6)]
+        ours, theirs = "kafka-pid-40-1", "kafka-pid-41-1"
+        assert rig.writer.log[P0] == [
+            *in_order(ours, [0, 1]),
+            *in_order(theirs, [0, 1, 2, 3]),
+            *in_order(ours, [2, 3]),
+        ]
+
+
+def damaged(batch: bytes) -> bytes:
+    """The batch with its last byte changed: its CRC no longer matches."""
+    return batch[:-1] + bytes([batch[-1] ^ 0xFF])
+
+
+async def test_a_batch_that_cannot_be_read_holds_back_only_its_connections_requests() -> None:
+    """A batch refused as damaged (retriable: its client sends it again) names no producer
+    the proxy can trust. The requests its client sent behind it on the same connection are
+    refused too, so none overtakes its re-send; requests of other connections go on."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        await rig.settle()
+        bad = await rig.admit((P0, damaged(records("p", [1]))), connection="a")
+        same_connection = await rig.admit((P0, records("p", [2])), connection="a")
+        other_connection = await rig.admit((P0, records("q", [0])), connection="b")
+        answers = [
+            (await asyncio.wait_for(t, 5))[P0] for t in (bad, same_connection, other_connection)
+        ]
+        assert answers[0].error_code == ErrorCode.corrupt_message
+        assert retriable_not_written(answers[1])
+        assert answers[2] == PartitionAnswer(base_offset=1)
+        # The client sends both again, in order: both are written.
+        again = await rig.send((P0, records("p", [1])), connection="a")
+        assert again[P0] == PartitionAnswer(base_offset=2)
+        again = await rig.send((P0, records("p", [2])), connection="a")
+        assert again[P0] == PartitionAnswer(base_offset=3)
+        assert rig.writer.log[P0] == [*in_order("p", [0]), ("q", 0), *in_order("p", [1, 2])]
+
+
+async def test_a_batch_that_cannot_be_read_on_no_known_connection_holds_back_every_request() -> (
+    None
+):
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        await rig.settle()
+        bad = await rig.admit((P0, damaged(records("p", [1]))))
+        behind = await rig.admit((P0, records("q", [0])), connection="b")
+        assert (await asyncio.wait_for(bad, 5))[P0].error_code == ErrorCode.corrupt_message
+        assert retriable_not_written((await asyncio.wait_for(behind, 5))[P0])
+        assert rig.writer.log[P0] == in_order("p", [0])
 
 
 async def test_the_gap_rule_holds_for_explicit_identities_and_a_first_request() -> None:

@@ -70,11 +70,15 @@ class _HeldEngine:
         self.release = asyncio.Event()
         self.written = 0
         self.error = error
+        self.connections: list[object | None] = []  # each admitted request's
 
     async def dedup_anywhere(self) -> bool:
         return True
 
-    async def admit(self, request: Any, principal: str | None = None) -> object:
+    async def admit(
+        self, request: Any, principal: str | None = None, connection: object | None = None
+    ) -> object:
+        self.connections.append(connection)
         return object()
 
     async def produce(self, request: Any, admission: Any, broker: Any) -> dict[Any, Any]:
@@ -88,10 +92,29 @@ class _HeldEngine:
 async def _responded(engine: _HeldEngine) -> tuple[DedupProduceFilter, Respond]:
     """The filter over `engine`, and its decision on one Produce request (a `Respond`)."""
     produce_filter = DedupProduceFilter(cast(Any, engine))
-    context = SimpleNamespace(identity=SimpleNamespace(principal=None), upstream=BROKER)
+    context = SimpleNamespace(
+        identity=SimpleNamespace(principal=None), upstream=BROKER, connection=CONNECTION
+    )
     decision = await produce_filter.on_request(frame_of(b"records"), cast(Any, context))
     assert isinstance(decision, Respond)
     return produce_filter, decision
+
+
+CONNECTION = object()  # stands for the client connection of `_responded`'s request
+
+
+def test_the_engine_is_told_the_connection_a_request_came_on() -> None:
+    """Refusals about one request alone hold back only its connection's requests behind it
+    (`dedup.partitions.Reach`): the engine must know which connection that is."""
+
+    async def scenario() -> list[object | None]:
+        engine = _HeldEngine()
+        produce_filter, _ = await _responded(engine)
+        engine.release.set()
+        await produce_filter.drain()
+        return engine.connections
+
+    assert asyncio.run(scenario()) == [CONNECTION]
 
 
 def test_the_answer_is_the_produce_response_of_the_write() -> None:

@@ -1,0 +1,50 @@
+"""The refusals a partition keeps for requests behind one not written (`PartitionState`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dedup.partitions import MAX_CONNECTIONS_REFUSED, PartitionState, Reach
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_refusal_on_a_connection_refuses_that_connections_requests_admitted_so_far() -> None:
+    state = PartitionState(admitted=3)
+    state.refuse_on("a")
+    state.admitted = 4  # admitted after the refusal was decided: sent after its answer
+    assert [state.refuses(n, "a") for n in (2, 3, 4)] == [Reach.CONNECTION, Reach.CONNECTION, None]
+    assert state.refuses(3, "b") is None
+    assert state.refuses(3, None) is None
+
+
+def test_a_refusal_of_the_partition_refuses_every_connections_requests() -> None:
+    state = PartitionState(admitted=3, refuse_through=3)
+    state.refuse_on("a")
+    assert state.refuses(3, "a") is Reach.PARTITION
+    assert state.refuses(3, "b") is Reach.PARTITION
+    assert state.refuses(4, "a") is None
+
+
+def test_refusals_on_more_connections_than_the_bound_refuse_every_request() -> None:
+    """A client that opens connection after connection cannot grow the partition's memory:
+    beyond the bound, a refusal holds back every request admitted so far, as before."""
+    state = PartitionState(admitted=7)
+    for connection in range(MAX_CONNECTIONS_REFUSED):
+        state.refuse_on(connection)
+    assert state.refuses(7, "elsewhere") is None
+    state.refuse_on(0)  # one already kept: still within the bound
+    assert state.refuses(7, "elsewhere") is None
+    state.refuse_on("one more")
+    assert len(state.refuse_through_on) == MAX_CONNECTIONS_REFUSED
+    assert state.refuses(7, "elsewhere") is Reach.PARTITION
+
+
+def test_connection_refusals_are_let_go_once_every_request_admitted_is_released() -> None:
+    state = PartitionState(admitted=2)
+    state.refuse_on("a")
+    state.released_one()
+    assert state.refuses(2, "a") is Reach.CONNECTION, "one request still under way"
+    state.released_one()
+    assert state.refuse_through_on == {}
+    assert state.released == 2
