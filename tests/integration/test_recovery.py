@@ -8,6 +8,9 @@ order.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,18 +19,18 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from dedup.client import DedupProducer
 from dedup.snapshots import SnapshotStore, slot_key, snapshot_partition
 from deploy.launcher import ProxyProcess
-from deploy.local import EnvInfo, LocalEnvironment
+from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
 from deploy.processes import port_open
-from tests.support.kafka_io import assert_exactly_once_in_order, read_all, values
+from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all, values
 from tests.support.load import SequencedProducer
 from tests.support.ports import RECOVERY, REDIS_RELAY
-from tests.support.proxy_api import admin_call
+from tests.support.proxy_api import admin_call, metric_total
 from tests.support.raw import (
     NOT_LEADER_OR_FOLLOWER,
     explicit_batch,
@@ -662,6 +665,80 @@ def test_a_producer_the_log_lost_goes_on_after_the_wait_for_its_first_sequence(
         wait_until(lambda: send(7373, 40).error_code == 0, 30, "7373 goes on after the wait")
         assert send(7373, 41).error_code == 0
         assert values(local_env.bootstrap, topic) == [b"6363-0", b"7373-40", b"7373-41"]
+    finally:
+        restartable.stop()
+
+
+JAVA_RECORDS = 1500  # VerifiableProducer's values: "0" to "1499", in order
+JAVA_RATE = 100  # records a second
+
+
+def test_kafkas_java_producer_rides_out_the_wait_for_its_first_sequence(
+    local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """Kafka's own Java producer (VerifiableProducer, idempotent: the settings a Kafka
+    3.0+ producer has by default, which the tool turns off unless told) meets the
+    first-sequence wait. Mid-run the proxy is killed, and everything
+    that named the producer is lost: its records deleted from the log, Redis flushed, the
+    snapshots gone. The new owner knows nothing of a producer that goes on at sequence
+    300 or so: its batches are refused, retriable, for the wait (3 s here), and then
+    written. The client reports no error, and the log holds every record from its first
+    unacknowledged one on, once each, in order."""
+    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_FIRST_SEQUENCE_WAIT_S="3")
+    topic = new_topic(local_env.bootstrap)
+    events: list[dict[str, Any]] = []
+    try:
+        proxy = restartable.start()
+        settings = tmp_path / "producer.properties"
+        settings.write_text("enable.idempotence=true\nacks=all\nretries=2147483647\n")
+        command = java_tool_command(
+            "org.apache.kafka.tools.VerifiableProducer",
+            *("--bootstrap-server", proxy.bootstrap, "--topic", topic, "--acks", "-1"),
+            *("--max-messages", str(JAVA_RECORDS), "--throughput", str(JAVA_RATE)),
+            *("--command-config", str(settings)),
+        )
+        with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as producer:
+            assert producer.stdout is not None
+            reader = threading.Thread(
+                target=lambda: events.extend(
+                    json.loads(line) for line in producer.stdout or () if line.startswith("{")
+                ),
+                daemon=True,
+            )
+            reader.start()
+
+            def acked() -> int:
+                return sum(e.get("name") == "producer_send_success" for e in list(events))
+
+            wait_until(lambda: acked() >= 300, 60, "300 records acknowledged")
+            restartable.kill()
+            admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
+            end = end_offset(local_env.bootstrap, topic)
+            gone = admin.delete_records([TopicPartition(topic, 0, end)])
+            for future in gone.values():
+                future.result(timeout=30)
+            redis.Redis.from_url(restartable.redis_url).flushdb()
+            snapshots = restartable.snapshot_topic
+            admin.delete_topics([snapshots])[snapshots].result(30)
+            wait_until(
+                lambda: snapshots not in admin.list_topics(timeout=10).topics,
+                30,
+                "the snapshot topic is gone from the metadata",
+            )
+            proxy = restartable.start()
+            assert producer.wait(timeout=180) == 0
+            reader.join(30)
+        errors = [e for e in events if e.get("name") == "producer_send_error"]
+        assert errors == [], [
+            (e.get("exception"), e.get("message"), e.get("value")) for e in errors[:5]
+        ]
+        assert acked() == JAVA_RECORDS
+        assert metric_total(proxy, "dedup_sequence_gaps_total") >= 1, "the wait was met"
+        # From the log's new start: offset 0 is gone (deleted records).
+        earliest = {"auto.offset.reset": "earliest"}
+        written = [int(v) for v, _ in read_all(local_env.bootstrap, topic, 0, **earliest)]
+        assert written and written[0] <= 400, written[:5]
+        assert written == list(range(written[0], JAVA_RECORDS)), "each once, in order"
     finally:
         restartable.stop()
 
