@@ -37,6 +37,7 @@ from tests.support.proxies import own_proxy, rss_bytes
 from tests.support.proxy_api import metric_total
 from tests.support.raw import (
     bomb_batch,
+    damaged,
     explicit_batch,
     first_answer,
     idempotent_batch,
@@ -236,11 +237,6 @@ def test_a_partition_that_does_not_exist_is_answered_unknown_and_holds_back_no_o
     rows = {p["partition"]: (p["recovered"], p["recovery_failing"]) for p in listed}
     assert rows == {0: (True, None)} | {p: (False, None) for p in range(1, 21)}
     assert metric_total(jump_bounded, 'dedup_recoveries_total{result="failed"}') == 0
-
-
-def damaged(batch: bytes) -> bytes:
-    """The batch with its last byte changed: its CRC no longer matches."""
-    return batch[:-1] + bytes([batch[-1] ^ 0xFF])
 
 
 BURST = 50  # requests a hostile connection pipelines at a time

@@ -100,6 +100,11 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+def damaged(batch: bytes) -> bytes:
+    """The batch with its last byte changed: its CRC no longer matches."""
+    return batch[:-1] + bytes([batch[-1] ^ 0xFF])
+
+
 def identity_batch(identities: Sequence[tuple[bytes, bytes]], value_size: int = 0) -> bytes:
     """Records carrying dedup identity headers (raw bytes, so tests can send bad ones);
     each value is ``v<sequence>`` padded with ``value_size`` bytes."""

@@ -80,6 +80,7 @@ from proxy.kafka.produce_codec import RecordBytes, RecordPieces
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import QUEUED_FROM_BYTES
 from proxy.runtime.cluster import NoSuchPartition
+from tests.support.raw import damaged
 
 pytestmark = pytest.mark.unit
 
@@ -1253,11 +1254,6 @@ async def test_a_batch_skipping_ahead_is_refused_alone_as_kafka_refuses_it() -> 
             *in_order(theirs, [0, 1, 2, 3]),
             *in_order(ours, [2, 3]),
         ]
-
-
-def damaged(batch: bytes) -> bytes:
-    """The batch with its last byte changed: its CRC no longer matches."""
-    return batch[:-1] + bytes([batch[-1] ^ 0xFF])
 
 
 async def test_a_batch_that_cannot_be_read_holds_back_only_its_connections_requests() -> None:
