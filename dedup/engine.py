@@ -1069,6 +1069,7 @@ class DedupEngine:
         reach = state.refuses(item.number, item.connection)
         if reach is None:
             return False
+        metrics.REFUSED_BEHIND.labels(reach.value).inc()
         item.behind, item.reach = True, reach
         return True
 

@@ -36,6 +36,13 @@ SEQUENCE_GAPS = Counter(
     "an earlier request of the producer (refused, or its first, sent to the owner before a "
     "handoff) is still to come",
 )
+REFUSED_BEHIND = Counter(
+    "dedup_refused_behind_total",
+    "Partition batches refused (retriable, not written) because a request ahead of them on "
+    "the partition was answered retry before they were written, by that refusal's reach: "
+    "partition (every request behind it) or connection (its client connection's only)",
+    ["reach"],
+)
 BAD_INPUT = Counter(
     "dedup_bad_input_total", "Partition batches refused for bad input, by error", ["error"]
 )

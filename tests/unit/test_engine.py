@@ -40,6 +40,7 @@ from kafka.record.default_records import DefaultRecordBatch
 from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName, TransactionalId
 from kio.static.primitive import Records, i16, i32, i32Timedelta
+from prometheus_client import REGISTRY
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -1256,6 +1257,14 @@ async def test_a_batch_skipping_ahead_is_refused_alone_as_kafka_refuses_it() -> 
         ]
 
 
+def refused_behind() -> dict[str, float]:
+    """`dedup_refused_behind_total` by reach, as the process counted it so far."""
+    return {
+        reach: REGISTRY.get_sample_value("dedup_refused_behind_total", {"reach": reach}) or 0.0
+        for reach in ("partition", "connection")
+    }
+
+
 async def test_a_batch_that_cannot_be_read_holds_back_only_its_connections_requests() -> None:
     """A batch refused as damaged (retriable: its client sends it again) names no producer
     the proxy can trust. The requests its client sent behind it on the same connection are
@@ -1263,6 +1272,7 @@ async def test_a_batch_that_cannot_be_read_holds_back_only_its_connections_reque
     async with running() as rig:
         await rig.send((P0, records("p", [0])))
         await rig.settle()
+        before = refused_behind()
         bad = await rig.admit((P0, damaged(records("p", [1]))), connection="a")
         same_connection = await rig.admit((P0, records("p", [2])), connection="a")
         other_connection = await rig.admit((P0, records("q", [0])), connection="b")
@@ -1272,6 +1282,7 @@ async def test_a_batch_that_cannot_be_read_holds_back_only_its_connections_reque
         assert answers[0].error_code == ErrorCode.corrupt_message
         assert retriable_not_written(answers[1])
         assert answers[2] == PartitionAnswer(base_offset=1)
+        assert refused_behind() == {**before, "connection": before["connection"] + 1}
         # The client sends both again, in order: both are written.
         again = await rig.send((P0, records("p", [1])), connection="a")
         assert again[P0] == PartitionAnswer(base_offset=2)
@@ -1286,10 +1297,12 @@ async def test_a_batch_that_cannot_be_read_on_no_known_connection_holds_back_eve
     async with running() as rig:
         await rig.send((P0, records("p", [0])))
         await rig.settle()
+        before = refused_behind()
         bad = await rig.admit((P0, damaged(records("p", [1]))))
         behind = await rig.admit((P0, records("q", [0])), connection="b")
         assert (await asyncio.wait_for(bad, 5))[P0].error_code == ErrorCode.corrupt_message
         assert retriable_not_written((await asyncio.wait_for(behind, 5))[P0])
+        assert refused_behind() == {**before, "partition": before["partition"] + 1}
         assert rig.writer.log[P0] == in_order("p", [0])
 
 
