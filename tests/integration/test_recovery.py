@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -673,17 +673,39 @@ JAVA_RECORDS = 1500  # VerifiableProducer's values: "0" to "1499", in order
 JAVA_RATE = 100  # records a second
 
 
+def _lose_the_producer_mid_run(
+    restartable: RestartableProxy, topic: str, acked: Callable[[], int]
+) -> None:
+    """Once 300 records are acknowledged: the proxy killed, and the producer's records
+    deleted from the log, Redis flushed and the snapshot topic deleted."""
+    wait_until(lambda: acked() >= 300, 60, "300 records acknowledged")
+    restartable.kill()
+    bootstrap = restartable.env.bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    end = end_offset(bootstrap, topic)
+    for future in admin.delete_records([TopicPartition(topic, 0, end)]).values():
+        future.result(timeout=30)
+    redis.Redis.from_url(restartable.redis_url).flushdb()
+    snapshots = restartable.snapshot_topic
+    admin.delete_topics([snapshots])[snapshots].result(30)
+    wait_until(
+        lambda: snapshots not in admin.list_topics(timeout=10).topics,
+        30,
+        "the snapshot topic is gone from the metadata",
+    )
+
+
 def test_kafkas_java_producer_rides_out_the_wait_for_its_first_sequence(
     local_env: EnvInfo, tmp_path: Path
 ) -> None:
     """Kafka's own Java producer (VerifiableProducer, idempotent: the settings a Kafka
     3.0+ producer has by default, which the tool turns off unless told) meets the
-    first-sequence wait. Mid-run the proxy is killed, and everything
-    that named the producer is lost: its records deleted from the log, Redis flushed, the
-    snapshots gone. The new owner knows nothing of a producer that goes on at sequence
-    300 or so: its batches are refused, retriable, for the wait (3 s here), and then
-    written. The client reports no error, and the log holds every record from its first
-    unacknowledged one on, once each, in order."""
+    first-sequence wait. Mid-run the proxy is killed, and everything that named the
+    producer is lost: its records deleted from the log, Redis flushed, the snapshots gone.
+    The new owner knows nothing of a producer that goes on at sequence 300 or so: its
+    batches are refused, retriable, for the wait (3 s here), and then written. The client
+    reports no error, and the log holds every record from its first unacknowledged one
+    on, once each, in order."""
     restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_FIRST_SEQUENCE_WAIT_S="3")
     topic = new_topic(local_env.bootstrap)
     events: list[dict[str, Any]] = []
@@ -710,23 +732,13 @@ def test_kafkas_java_producer_rides_out_the_wait_for_its_first_sequence(
             def acked() -> int:
                 return sum(e.get("name") == "producer_send_success" for e in list(events))
 
-            wait_until(lambda: acked() >= 300, 60, "300 records acknowledged")
-            restartable.kill()
-            admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
-            end = end_offset(local_env.bootstrap, topic)
-            gone = admin.delete_records([TopicPartition(topic, 0, end)])
-            for future in gone.values():
-                future.result(timeout=30)
-            redis.Redis.from_url(restartable.redis_url).flushdb()
-            snapshots = restartable.snapshot_topic
-            admin.delete_topics([snapshots])[snapshots].result(30)
-            wait_until(
-                lambda: snapshots not in admin.list_topics(timeout=10).topics,
-                30,
-                "the snapshot topic is gone from the metadata",
-            )
-            proxy = restartable.start()
-            assert producer.wait(timeout=180) == 0
+            try:
+                _lose_the_producer_mid_run(restartable, topic, acked)
+                proxy = restartable.start()
+                assert producer.wait(timeout=180) == 0
+            finally:
+                if producer.poll() is None:  # the test failed: leave no producer behind
+                    producer.kill()
             reader.join(30)
         errors = [e for e in events if e.get("name") == "producer_send_error"]
         assert errors == [], [
