@@ -1054,13 +1054,9 @@ class DedupEngine:
         as far as the refusal's `Reach`: each was sent before this one's answer (retry)
         reached its client. Only once its turn has come: the requests ahead of it are
         written or refused by then."""
-        if item.mode is Mode.DISABLED or not item.in_turn or item.reach is Reach.ITSELF:
+        if item.mode is Mode.DISABLED or not item.in_turn:
             return
-        state = self._state_of(item)
-        if item.reach is Reach.CONNECTION and item.connection is not None:
-            state.refuse_on(item.connection)
-        else:
-            state.refuse_through = max(state.refuse_through, state.admitted)
+        self._state_of(item).refuse_behind(item.reach, item.connection)
 
     @staticmethod
     def _behind_a_refusal(item: _Work, state: PartitionState) -> bool:

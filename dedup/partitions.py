@@ -92,7 +92,7 @@ class Reach(Enum):
     ITSELF = "itself"
 
 
-# Client connections a partition keeps refusals of its own for at once (`refuse_on`); a
+# Client connections a partition keeps refusals of its own for at once (`refuse_behind`); a
 # refusal beyond them refuses every request behind it, as any other refusal does.
 MAX_CONNECTIONS_REFUSED: Final = 1_000
 
@@ -139,14 +139,18 @@ class PartitionState:
     def __post_init__(self) -> None:
         self.open.set()
 
-    def refuse_on(self, connection: object) -> None:
-        """Refuse the requests admitted so far that came on ``connection``; every request
-        admitted so far, beyond `MAX_CONNECTIONS_REFUSED` connections."""
-        refusals = self.refuse_through_on
-        if connection not in refusals and len(refusals) >= MAX_CONNECTIONS_REFUSED:
-            self.refuse_through = max(self.refuse_through, self.admitted)
+    def refuse_behind(self, reach: Reach, connection: object | None) -> None:
+        """Refuse the requests admitted so far, as far as ``reach``: those that came on
+        ``connection`` for `Reach.CONNECTION` (every one, with the connection unknown or
+        beyond `MAX_CONNECTIONS_REFUSED` of them), none for `Reach.ITSELF`."""
+        if reach is Reach.ITSELF:
             return
-        refusals[connection] = self.admitted
+        refusals = self.refuse_through_on
+        kept = connection in refusals or len(refusals) < MAX_CONNECTIONS_REFUSED
+        if reach is Reach.CONNECTION and connection is not None and kept:
+            refusals[connection] = self.admitted
+        else:
+            self.refuse_through = max(self.refuse_through, self.admitted)
 
     def refuses(self, number: int, connection: object | None) -> Reach | None:
         """The reach of a refusal ahead of request ``number`` in line that refuses it too,

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.unit
 
 def test_a_refusal_on_a_connection_refuses_that_connections_requests_admitted_so_far() -> None:
     state = PartitionState(admitted=3)
-    state.refuse_on("a")
+    state.refuse_behind(Reach.CONNECTION, "a")
     state.admitted = 4  # admitted after the refusal was decided: sent after its answer
     assert [state.refuses(n, "a") for n in (2, 3, 4)] == [Reach.CONNECTION, Reach.CONNECTION, None]
     assert state.refuses(3, "b") is None
@@ -20,7 +20,7 @@ def test_a_refusal_on_a_connection_refuses_that_connections_requests_admitted_so
 
 def test_a_refusal_of_the_partition_refuses_every_connections_requests() -> None:
     state = PartitionState(admitted=3, refuse_through=3)
-    state.refuse_on("a")
+    state.refuse_behind(Reach.CONNECTION, "a")
     assert state.refuses(3, "a") is Reach.PARTITION
     assert state.refuses(3, "b") is Reach.PARTITION
     assert state.refuses(4, "a") is None
@@ -31,20 +31,28 @@ def test_refusals_on_more_connections_than_the_bound_refuse_every_request() -> N
     beyond the bound, a refusal holds back every request admitted so far, as before."""
     state = PartitionState(admitted=7)
     for connection in range(MAX_CONNECTIONS_REFUSED):
-        state.refuse_on(connection)
+        state.refuse_behind(Reach.CONNECTION, connection)
     assert state.refuses(7, "elsewhere") is None
-    state.refuse_on(0)  # one already kept: still within the bound
+    state.refuse_behind(Reach.CONNECTION, 0)  # one already kept: still within the bound
     assert state.refuses(7, "elsewhere") is None
-    state.refuse_on("one more")
+    state.refuse_behind(Reach.CONNECTION, "one more")
     assert len(state.refuse_through_on) == MAX_CONNECTIONS_REFUSED
     assert state.refuses(7, "elsewhere") is Reach.PARTITION
 
 
 def test_connection_refusals_are_let_go_once_every_request_admitted_is_released() -> None:
     state = PartitionState(admitted=2)
-    state.refuse_on("a")
+    state.refuse_behind(Reach.CONNECTION, "a")
     state.released_one()
     assert state.refuses(2, "a") is Reach.CONNECTION, "one request still under way"
     state.released_one()
     assert state.refuse_through_on == {}
     assert state.released == 2
+
+
+def test_a_refusal_of_itself_refuses_none_and_of_an_unknown_connection_every_one() -> None:
+    state = PartitionState(admitted=3)
+    state.refuse_behind(Reach.ITSELF, "a")
+    assert [state.refuses(3, c) for c in ("a", None)] == [None, None]
+    state.refuse_behind(Reach.CONNECTION, None)
+    assert [state.refuses(3, c) for c in ("a", None)] == [Reach.PARTITION, Reach.PARTITION]
