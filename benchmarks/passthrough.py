@@ -44,6 +44,8 @@ from typing import Any, cast
 from benchmarks.errors import BenchmarkError
 from benchmarks.pinning import add_pin_argument, check_pin_argument, pinned
 from dedup.identity import DEFAULT_PRODUCER_HEADER, DEFAULT_SEQUENCE_HEADER
+from deploy.config import HOST
+from deploy.processes import port_bindable
 
 MB = 1_000_000  # throughput is reported in decimal megabytes of record payload per second
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -707,30 +709,18 @@ def port_listening(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def port_bindable(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a listener could bind the port now (another socket, or the TIME_WAIT of an
-    earlier listener's connection, may hold it briefly)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
 def start_proxy(proxy: Any, ports: Iterable[int], say: Any, attempts: int = 5) -> None:
     """Start the proxy, retrying while one of its ports is held by another socket.
     The last port is the broker listener's, which opens after the first metadata answer."""
     ports = list(ports)
     for attempt in range(1, attempts + 1):
         deadline = time.monotonic() + PORT_WAIT_S
-        if not all(port_bindable(p) for p in ports):
-            busy = [p for p in ports if not port_bindable(p)]
+        if not all(port_bindable(HOST, p) for p in ports):
+            busy = [p for p in ports if not port_bindable(HOST, p)]
             say(f"port(s) {busy} held by another socket; waiting up to {PORT_WAIT_S:.0f} s")
-        while not all(port_bindable(p) for p in ports) and time.monotonic() < deadline:
+        while not all(port_bindable(HOST, p) for p in ports) and time.monotonic() < deadline:
             time.sleep(0.5)
-        busy = [p for p in ports if not port_bindable(p)]
+        busy = [p for p in ports if not port_bindable(HOST, p)]
         if busy:
             raise BenchmarkError(f"port(s) {busy} in use: choose others (see --help)")
         try:

@@ -100,6 +100,18 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def port_bindable(host: str, port: int) -> bool:
+    """Whether a listener could bind the port now. SO_REUSEADDR, as Kafka's, Redis's and
+    Docker's listeners set it: the TIME_WAIT of an earlier connection does not count."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def wait_port_closed(host: str, port: int, timeout: float) -> bool:
     """Whether nothing accepts connections on the port any more, waiting up to timeout."""
     deadline = time.monotonic() + timeout

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import socket
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from testcontainers.core.network import Network
 
 from deploy.config import random_cluster_id
 from deploy.containers.engine import KAFKA_IMAGE, PROXY_IMAGE, REDIS_IMAGE
+from deploy.processes import port_bindable
 
 HOST = "127.0.0.1"
 # The host ports tests may publish on (below the ephemeral range, clear of the local
@@ -53,12 +53,7 @@ def free_port_block(
 
 def port_free(port: int) -> bool:
     """Whether nothing listens on the loopback port now."""
-    with socket.socket() as probe:
-        try:
-            probe.bind((HOST, port))
-        except OSError:
-            return False
-    return True
+    return port_bindable(HOST, port)
 
 
 def logs_tail(container: DockerContainer, lines: int = 40) -> str:

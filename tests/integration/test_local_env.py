@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
-import socket
 import subprocess
 import time
 import uuid
@@ -20,6 +18,7 @@ from deploy.config import Ports
 from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
 from deploy.processes import port_open
 from tests.support.kafka_io import consume
+from tests.support.ports import THREE_NODE_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -164,32 +163,10 @@ def test_java_tools_produce_and_consume(local_env: EnvInfo) -> None:
     assert consumed.stdout.splitlines() == [str(i) for i in range(50)]
 
 
-def free_ports() -> Ports:
-    """A Kafka port base whose client and controller ports are all free, and a free
-    Redis port, picked at random so that other local services are not hit. Below Linux's
-    ephemeral range (32768+), where outgoing connections could take a port in between."""
-    rng = random.Random()
-    for _ in range(100):
-        base = rng.randrange(20000, 32000)
-        wanted = [base + n for n in range(3)] + [base + 100 + n for n in range(3)] + [base + 200]
-        if all(bindable(port) for port in wanted):
-            return Ports(kafka_base=base, redis=base + 200)
-    raise RuntimeError("no free ports found")
-
-
-def bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture
 def three_node_environment(tmp_path: Path) -> Iterator[LocalEnvironment]:
     """A second, throwaway environment on other ports: the shared one stays single-node."""
-    env = LocalEnvironment(home=tmp_path / "local", ports=free_ports())
+    env = LocalEnvironment(home=tmp_path / "local", ports=THREE_NODE_ENV)
     try:
         yield env
     finally:

@@ -3,6 +3,8 @@
 All are away from the defaults (so a proxy or environment run by hand stays usable) and
 below Linux's ephemeral range, 32768+ (so an outgoing connection cannot be holding them).
 Integration sessions run one at a time (they share these ports and the local environment).
+tests/unit/test_fixed_ports.py checks that no two of them, counted with every port they
+imply (a Redis cluster's bus ports, a proxy's per-broker listeners...), collide.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ ADMIN_AUTH = ProxyPorts(listen=29792, admin=29780, broker_base=29793)
 # test_tls: a dedup proxy with TLS on its listeners and admin API, and toward Kafka.
 TLS = ProxyPorts(listen=29992, admin=29980, broker_base=29993)
 SASL = ProxyPorts(listen=26892, admin=26880, broker_base=26893)  # test_tls, SASL_SSL upstream
-OAUTH = ProxyPorts(listen=26992, admin=26980, broker_base=26993)  # test_tls, OAUTHBEARER
+OAUTH = ProxyPorts(listen=26592, admin=26580, broker_base=26593)  # test_tls, OAUTHBEARER
 OAUTH_FILE = ProxyPorts(listen=27992, admin=27980, broker_base=27993)  # test_tls, token file
 CERT_RELOAD = ProxyPorts(listen=26792, admin=26780, broker_base=26793)  # test_tls, SIGHUP
 # test_sni: one TLS port for the bootstrap and every broker (broker_base is not listened on).
@@ -83,6 +85,9 @@ CLUSTER_SIDECARS = [
     ProxyPorts(listen=30092 + 100 * i, admin=30080 + 100 * i, broker_base=30093 + 100 * i)
     for i in range(3)
 ]
+
+# test_local_env: three brokers and Redis, beside the session's environment.
+THREE_NODE_ENV = Ports(kafka_base=22092, redis=16499)
 
 # test_batches_interop: one broker and Redis.
 BATCHES_ENV = Ports(kafka_base=21092, redis=16779)
