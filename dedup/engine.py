@@ -660,10 +660,12 @@ class DedupEngine:
                 continue
             if verdict.refused:
                 metrics.RECORDS.labels("unknown").inc(len(verdict.statuses))
+                item.reach = Reach.PRODUCERS  # as `Reach` says: a retry too soon, say
                 if not self._state_of(item).cursor.unsettled:
-                    # Nothing of this partition is on its way from here (the requests ahead
-                    # are submitted or refused; those behind are refused by this refusal),
-                    # and no other instance writes it: pushed is above persisted only
+                    # Nothing of its producers is on its way from here (the requests ahead
+                    # are submitted or refused; those behind naming them are refused by
+                    # this refusal, the others are written before the reset below), and
+                    # no other instance writes the partition: pushed is above persisted only
                     # through a check whose caller gave up on it (timed out) and that ran
                     # later, after the reset. Reset again once every check in flight has
                     # its outcome, or the retry would read UNKNOWN for ever.
@@ -1056,13 +1058,14 @@ class DedupEngine:
         written or refused by then."""
         if item.mode is Mode.DISABLED or not item.in_turn:
             return
-        self._state_of(item).refuse_behind(item.reach, item.connection)
+        producers = item.producers() if item.reach is Reach.PRODUCERS else ()
+        self._state_of(item).refuse_behind(item.reach, item.connection, producers)
 
     @staticmethod
     def _behind_a_refusal(item: _Work, state: PartitionState) -> bool:
         """Whether a refusal ahead of it in line refuses this request too; if so it is
         marked `behind`, and its own refusal reaches as far as that one's."""
-        reach = state.refuses(item.number, item.connection)
+        reach = state.refuses(item.number, item.connection, item.producers)
         if reach is None:
             return False
         metrics.REFUSED_BEHIND.labels(reach.value).inc()

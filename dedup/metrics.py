@@ -40,7 +40,8 @@ REFUSED_BEHIND = Counter(
     "dedup_refused_behind_total",
     "Partition batches refused (retriable, not written) because a request ahead of them on "
     "the partition was answered retry before they were written, by that refusal's reach: "
-    "partition (every request behind it) or connection (its client connection's only)",
+    "partition (every request behind it), connection (its client connection's only) or "
+    "producers (those naming one of its producers)",
     ["reach"],
 )
 BAD_INPUT = Counter(

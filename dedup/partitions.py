@@ -2,8 +2,9 @@
 
 - The gate between a request's check and its outcome (a failed write closes it until
   ``pushed`` is reset), the place in line of the latest admitted request, and how far
-  back in line requests are refused after one was not written (`PartitionState.refuse_through`,
-  or `refuse_through_on` a client connection when the refusal was about that request alone).
+  back in line requests are refused after one was not written (`PartitionState.refuse_through`;
+  or `refuse_through_on` a client connection, `refuse_through_for` producers, when the
+  refusal was about that request or its producers alone).
 - Recovery: whether the partition's dedup state has been rebuilt from the log by this
   proxy process (``recovered``), and the token that proves Redis still holds that state.
 - The sequence maps themselves, when the owner keeps them (``check_state = "memory"``,
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from dedup.implicit_wraps import Wraps
 from dedup.sequence_gaps import SequenceGaps
@@ -86,6 +88,10 @@ class Reach(Enum):
     # whose chunk before never came (a later whole record of its producer would be taken).
     # A client pipelines its requests to a partition on the one connection.
     CONNECTION = "connection"
+    # Those naming one of its producers, where the refusal is about its producers' records
+    # alone: records of theirs still in flight (a retry sent while the first attempt is
+    # written). Another producer's records do not touch their sequences.
+    PRODUCERS = "producers"
     # None: a Kafka idempotent producer's batch that skips ahead of its sequence. Kafka's
     # rule itself then holds back that producer's later batches, and no other's, as
     # Kafka's broker refuses the one batch (`dedup.sequence_gaps`).
@@ -95,6 +101,8 @@ class Reach(Enum):
 # Client connections a partition keeps refusals of its own for at once (`refuse_behind`); a
 # refusal beyond them refuses every request behind it, as any other refusal does.
 MAX_CONNECTIONS_REFUSED: Final = 1_000
+# ... and producers, for `Reach.PRODUCERS`.
+MAX_PRODUCERS_REFUSED: Final = 1_000
 
 
 @dataclass(slots=True)
@@ -113,6 +121,9 @@ class PartitionState:
     # ... or, for a refusal of `Reach.CONNECTION`, only the requests of its client
     # connection. Connection -> the number in line refused through.
     refuse_through_on: dict[object, int] = field(default_factory=dict)
+    # ... or, for `Reach.PRODUCERS`, the requests naming one of its producers. Producer ->
+    # the number in line refused through.
+    refuse_through_for: dict[str, int] = field(default_factory=dict)
 
     recovered: bool = False  # the state was rebuilt from the log by this process
     holder: str | None = None  # another instance held the lease when this one tried
@@ -139,34 +150,56 @@ class PartitionState:
     def __post_init__(self) -> None:
         self.open.set()
 
-    def refuse_behind(self, reach: Reach, connection: object | None) -> None:
+    def refuse_behind(
+        self, reach: Reach, connection: object | None, producers: Collection[str] = ()
+    ) -> None:
         """Refuse the requests admitted so far, as far as ``reach``: those that came on
-        ``connection`` for `Reach.CONNECTION` (every one, with the connection unknown or
-        beyond `MAX_CONNECTIONS_REFUSED` of them), none for `Reach.ITSELF`."""
+        ``connection`` for `Reach.CONNECTION`, those naming one of ``producers`` for
+        `Reach.PRODUCERS` (every one, with neither known or beyond the bound of either),
+        none for `Reach.ITSELF`."""
         if reach is Reach.ITSELF:
             return
-        refusals = self.refuse_through_on
-        kept = connection in refusals or len(refusals) < MAX_CONNECTIONS_REFUSED
-        if reach is Reach.CONNECTION and connection is not None and kept:
-            refusals[connection] = self.admitted
+        on, of = self.refuse_through_on, self.refuse_through_for
+        if reach is Reach.CONNECTION and connection is not None:
+            kept = _room(on, (connection,), MAX_CONNECTIONS_REFUSED)
+            if kept:
+                on[connection] = self.admitted
+        elif reach is Reach.PRODUCERS and producers:
+            kept = _room(of, producers, MAX_PRODUCERS_REFUSED)
+            if kept:
+                of.update(dict.fromkeys(producers, self.admitted))
         else:
+            kept = False
+        if not kept:
             self.refuse_through = max(self.refuse_through, self.admitted)
 
-    def refuses(self, number: int, connection: object | None) -> Reach | None:
+    def refuses(
+        self,
+        number: int,
+        connection: object | None,
+        producers: Callable[[], Iterable[str]] | None = None,
+    ) -> Reach | None:
         """The reach of a refusal ahead of request ``number`` in line that refuses it too,
-        if any."""
+        if any. ``producers`` names the request's producers; asked only while a refusal
+        of `Reach.PRODUCERS` is kept."""
         if number <= self.refuse_through:
             return Reach.PARTITION
         if connection is not None and number <= self.refuse_through_on.get(connection, 0):
             return Reach.CONNECTION
+        if self.refuse_through_for and producers is not None:
+            through = self.refuse_through_for
+            if any(number <= through.get(producer, 0) for producer in producers()):
+                return Reach.PRODUCERS
         return None
 
     def released_one(self) -> None:
         """A request's work on the partition ended; with none left, the refusals of
-        single connections refuse nothing any more (every number they name is done)."""
+        single connections or producers refuse nothing any more (every number they name
+        is done)."""
         self.released += 1
-        if self.refuse_through_on and self.released >= self.admitted:
+        if (self.refuse_through_on or self.refuse_through_for) and self.released >= self.admitted:
             self.refuse_through_on.clear()
+            self.refuse_through_for.clear()
 
     def held_by(self, now: float) -> str | None:
         """The instance that held the partition's lease when last tried, if recently."""
@@ -176,6 +209,11 @@ class PartitionState:
         """Not recovered here, and held by no other instance known of: at its first use
         here, a partition this instance is to take if it serves it."""
         return not self.recovered and self.held_by(now) is None
+
+
+def _room(kept: dict[Any, int], new: Iterable[object], bound: int) -> bool:
+    """Whether ``kept`` stays within ``bound`` keys with ``new`` added."""
+    return len(kept) + sum(1 for key in new if key not in kept) <= bound
 
 
 class PartitionStates(dict[Key, PartitionState]):

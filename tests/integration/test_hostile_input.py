@@ -9,6 +9,7 @@ the figures are the benchmarks' (`benchmarks/stall.py`), not the tests'.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -244,23 +245,24 @@ HONEST_REQUESTS = 300
 
 
 def honest_beside(
-    proxy: ProxyProcess, topic: str, burst: list[Any]
+    proxy: ProxyProcess, topic: str, next_burst: Callable[[], list[Any]]
 ) -> tuple[list[Any], list[tuple[int, int, str | None]]]:
-    """One connection pipelines `burst`, again and again, while a producer on another
-    connection writes HONEST_REQUESTS records to partition 0, one request at a time: the
-    answers to the burst's requests, and every refusal of the honest producer's."""
+    """One connection pipelines BURST requests (`next_burst`), again and again, while a
+    producer on another connection writes HONEST_REQUESTS records to partition 0, one
+    request at a time: the answers to the bursts' requests, and every refusal of the
+    honest producer's."""
     stop = threading.Event()
     poured: list[Any] = []
 
     def pour() -> None:
         while not stop.is_set():
-            poured.extend(produce_pipelined(proxy, burst))
+            poured.extend(produce_pipelined(proxy, next_burst()))
 
     hostile = threading.Thread(target=pour, daemon=True)
     hostile.start()
     refused = []
     try:
-        while len(poured) < len(burst):
+        while len(poured) < BURST:
             time.sleep(0.01)
         with socket.create_connection(("127.0.0.1", proxy.broker_port()), timeout=30) as sock:
             for sequence in range(HONEST_REQUESTS):
@@ -274,12 +276,22 @@ def honest_beside(
         hostile.join(60)
     assert not hostile.is_alive(), "the hostile connection is stuck"
     print(f"\n{len(poured)} requests poured beside {HONEST_REQUESTS} honest ones")
-    assert len(poured) >= 2 * len(burst), "the hostile requests kept coming"
+    assert len(poured) >= 2 * BURST, "the hostile requests kept coming"
     return poured, refused
 
 
+def records_of(bootstrap: str, topic: str, producers: set[bytes]) -> list[bytes]:
+    """The values of the partition's records that name one of the producers, in order."""
+    return [
+        value
+        for value, headers in read_all(bootstrap, topic)
+        if headers.get(HEADER_PRODUCER) in producers
+    ]
+
+
 def honest_records(bootstrap: str, topic: str) -> list[bytes]:
-    return [v for v in values(bootstrap, topic) if v.startswith(b"v")]
+    """What the first request (producer x) and the honest producer wrote."""
+    return records_of(bootstrap, topic, {b"x", b"honest"})
 
 
 def skipping_ahead(topic: str) -> Any:
@@ -345,12 +357,48 @@ def test_refusals_any_client_can_draw_hold_back_no_other_connections_requests(
     assert produce_raw(dedup_proxy, first).error_code == 0
     if refused_kind.before is not None:
         assert produce_raw(dedup_proxy, refused_kind.before(topic)).error_code == 0
-    poured, refused = honest_beside(dedup_proxy, topic, [refused_kind.request(topic)] * BURST)
+    burst = [refused_kind.request(topic)] * BURST
+    poured, refused = honest_beside(dedup_proxy, topic, lambda: burst)
     assert {a.error_code for a in poured} == {refused_kind.code}
     assert all(refused_kind.words in (a.error_message or "").lower() for a in poured), poured[0]
     assert refused == [], f"the honest producer was refused: {refused[:5]}"
     expected = [b"v0"] + [f"v{n}".encode() for n in range(HONEST_REQUESTS)]
     assert honest_records(local_env.bootstrap, topic) == expected
+
+
+def test_a_client_resending_records_in_flight_holds_back_no_other_producers_requests(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """A client pipelines each of its requests twice in a row, as a client re-sending too
+    soon would (or one doing it on purpose): the second meets its records still being
+    written and is refused, retriable, and so are the requests of that producer admitted
+    behind it. Meanwhile an honest producer on another connection writes one request at
+    a time: every one is written at its first attempt. Before, such a refusal refused
+    every request admitted behind it on the partition (`dedup.partitions.Reach`)."""
+    topic = new_topic(local_env.bootstrap)
+    first = produce_request(topic, {0: explicit_batch([("x", 0)])})
+    assert produce_raw(dedup_proxy, first).error_code == 0
+    sequences = itertools.count()
+
+    def twice_each() -> list[Any]:
+        requests = [
+            produce_request(topic, {0: explicit_batch([("r", next(sequences))])})
+            for _ in range(BURST // 2)
+        ]
+        return [request for request in requests for _ in (1, 2)]
+
+    poured, refused = honest_beside(dedup_proxy, topic, twice_each)
+    refusals = [a for a in poured if a.error_code]
+    in_flight = [a for a in refusals if "in flight" in (a.error_message or "")]
+    print(f"{len(in_flight)} re-sends met their records in flight, {len(refusals)} refused")
+    assert in_flight, "no re-send met its records in flight"
+    assert {a.error_code for a in refusals} == {NOT_ENOUGH_REPLICAS}
+    assert refused == [], f"the honest producer was refused: {refused[:5]}"
+    expected = [b"v0"] + [f"v{n}".encode() for n in range(HONEST_REQUESTS)]
+    assert honest_records(local_env.bootstrap, topic) == expected
+    # The client's own records: once each, in order (those refused were never re-sent).
+    own = [int(value[1:]) for value in records_of(local_env.bootstrap, topic, {b"r"})]
+    assert own == sorted(set(own)) and own, own[:20]
 
 
 FLOOD_REQUESTS = 3000

@@ -1261,7 +1261,7 @@ def refused_behind() -> dict[str, float]:
     """`dedup_refused_behind_total` by reach, as the process counted it so far."""
     return {
         reach: REGISTRY.get_sample_value("dedup_refused_behind_total", {"reach": reach}) or 0.0
-        for reach in ("partition", "connection")
+        for reach in ("partition", "connection", "producers")
     }
 
 
@@ -1289,6 +1289,39 @@ async def test_a_batch_that_cannot_be_read_holds_back_only_its_connections_reque
         again = await rig.send((P0, records("p", [2])), connection="a")
         assert again[P0] == PartitionAnswer(base_offset=3)
         assert rig.writer.log[P0] == [*in_order("p", [0]), ("q", 0), *in_order("p", [1, 2])]
+
+
+async def test_a_retry_of_records_in_flight_holds_back_only_its_producers_requests() -> None:
+    """Records re-sent while their first write is still under way are refused (retriable:
+    in flight). The requests admitted behind them that name their producer are refused
+    too, so none overtakes their retry; another producer's request goes on. Before, every
+    request behind was refused, so a client re-sending too soon (or on purpose, again and
+    again) made every other producer on the partition re-send."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0])))
+        await rig.settle()
+        before = refused_behind()
+        in_flight = asyncio.Event()
+        rig.writer.script.append(Step(hold=in_flight))
+        first = await rig.admit((P0, records("p", [1, 2])))
+        await asyncio.sleep(0.05)  # written, not yet acknowledged: pushed, not persisted
+        resent = await rig.admit((P0, records("p", [1, 2])), connection="a")
+        own_next = await rig.admit((P0, records("p", [3])), connection="b")
+        other = await rig.admit((P0, records("q", [0])), connection="a")
+        answer = (await asyncio.wait_for(resent, 5))[P0]
+        assert retriable_not_written(answer) and "in flight" in str(answer.error_message)
+        in_flight.set()
+        answers = [(await asyncio.wait_for(t, 5))[P0] for t in (first, own_next, other)]
+        assert answers[0] == PartitionAnswer(base_offset=1)
+        assert retriable_not_written(answers[1])
+        assert answers[2] == PartitionAnswer(base_offset=3)
+        assert refused_behind() == {**before, "producers": before["producers"] + 1}
+        await rig.settle()
+        # The client sends both again, in order: the first reads as a duplicate now.
+        again = await rig.send((P0, records("p", [1, 2])))
+        assert ok(again[P0]) and again[P0].base_offset == -1
+        assert (await rig.send((P0, records("p", [3]))))[P0] == PartitionAnswer(base_offset=4)
+        assert rig.writer.log[P0] == [*in_order("p", [0, 1, 2]), ("q", 0), *in_order("p", [3])]
 
 
 async def test_a_batch_that_cannot_be_read_on_no_known_connection_holds_back_every_request() -> (

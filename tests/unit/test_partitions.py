@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from dedup.partitions import MAX_CONNECTIONS_REFUSED, PartitionState, Reach
+from dedup.partitions import (
+    MAX_CONNECTIONS_REFUSED,
+    MAX_PRODUCERS_REFUSED,
+    PartitionState,
+    Reach,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -56,3 +61,44 @@ def test_a_refusal_of_itself_refuses_none_and_of_an_unknown_connection_every_one
     assert [state.refuses(3, c) for c in ("a", None)] == [None, None]
     state.refuse_behind(Reach.CONNECTION, None)
     assert [state.refuses(3, c) for c in ("a", None)] == [Reach.PARTITION, Reach.PARTITION]
+
+
+def test_a_refusal_of_producers_refuses_the_requests_naming_one_of_them() -> None:
+    state = PartitionState(admitted=3)
+    state.refuse_behind(Reach.PRODUCERS, "a", ["p", "q"])
+    state.admitted = 4  # admitted after the refusal was decided: sent after its answer
+    assert state.refuses(3, "b", lambda: ["q", "r"]) is Reach.PRODUCERS
+    assert state.refuses(3, "a", lambda: ["r"]) is None, "not its connection's to hold"
+    assert state.refuses(3, "a", lambda: []) is None
+    assert state.refuses(4, "b", lambda: ["p"]) is None
+    state.released_one()
+    state.released_one()
+    state.released_one()
+    assert state.refuses(3, "b", lambda: ["p"]) is Reach.PRODUCERS, "one request under way"
+    state.released_one()
+    assert state.refuse_through_for == {}
+
+
+def test_refusals_of_more_producers_than_the_bound_refuse_every_request() -> None:
+    state = PartitionState(admitted=5)
+    state.refuse_behind(Reach.PRODUCERS, "a", [str(n) for n in range(MAX_PRODUCERS_REFUSED - 1)])
+    state.refuse_behind(Reach.PRODUCERS, "a", ["0", "last"])  # one new: within the bound
+    assert state.refuses(5, "a", lambda: ["elsewhere"]) is None
+    state.refuse_behind(Reach.PRODUCERS, "a", ["0", "one more"])
+    assert len(state.refuse_through_for) == MAX_PRODUCERS_REFUSED
+    assert state.refuses(5, "a", lambda: ["elsewhere"]) is Reach.PARTITION
+
+
+def test_a_refusal_of_no_producer_refuses_every_request() -> None:
+    state = PartitionState(admitted=2)
+    state.refuse_behind(Reach.PRODUCERS, "a", [])
+    assert state.refuses(2, "b", lambda: ["p"]) is Reach.PARTITION
+
+
+def test_the_producers_of_a_request_are_asked_only_while_a_producer_refusal_is_kept() -> None:
+    def never() -> list[str]:
+        raise AssertionError("asked")
+
+    state = PartitionState(admitted=2)
+    state.refuse_behind(Reach.CONNECTION, "a")
+    assert state.refuses(2, "b", never) is None
