@@ -155,8 +155,8 @@ class PartitionState:
     ) -> None:
         """Refuse the requests admitted so far, as far as ``reach``: those that came on
         ``connection`` for `Reach.CONNECTION`, those naming one of ``producers`` for
-        `Reach.PRODUCERS` (every one, with neither known or beyond the bound of either),
-        none for `Reach.ITSELF`."""
+        `Reach.PRODUCERS`, none for `Reach.ITSELF`. With the connection or the producers
+        unknown, or beyond their bound, every request admitted so far."""
         if reach is Reach.ITSELF:
             return
         on, of = self.refuse_through_on, self.refuse_through_for
