@@ -355,25 +355,37 @@ class DedupEngine:
     async def confirm_topics(self, partitions: list[Key] | None = None) -> None:
         """The partitions recovered here (all of them by default) whose topic now has
         another id, deleted and created again since, are recovered anew: their state, and
-        Redis's copy that other instances read, become the new topic's. A topic that does
-        not exist (deleted, not created again yet) is left as it is. Raises OSError or
-        TimeoutError when Kafka does not answer."""
+        Redis's copy that other instances read, become the new topic's. Those held here
+        whose topic does not exist (deleted, not created again yet) are let go
+        (`_let_go`). Raises OSError or TimeoutError when Kafka does not answer."""
         if self._topic_ids is None:
             return
-        recovered = [
+        watched = [
             (key, state)
             for key in (list(self._partitions) if partitions is None else partitions)
             if (state := self._partitions.get(key)) is not None
-            and state.recovered
-            and state.topic_id is not None
+            and ((state.recovered and state.topic_id is not None) or self._owners.holds(key))
         ]
-        if not recovered:
+        if not watched:
             return
-        current = await self._topic_ids.of_each(sorted({key[0] for key, _ in recovered}))
-        for key, state in recovered:
-            topic_id = current.get(key[0])  # None: deleted (left as it is), or no ids
-            if topic_id is not None and state.topic_id != topic_id:
+        answers = await self._topic_ids.answers(sorted({key[0] for key, _ in watched}))
+        for key, state in watched:
+            answer = answers.get(key[0])  # None: no ids (before Kafka 2.8); an error: unknown
+            if isinstance(answer, UnknownTopic):
+                self._let_go(key)
+            elif isinstance(answer, str) and state.recovered and state.topic_id != answer:
                 self._topic_gone(key, "deleted and created again")
+
+    def _let_go(self, key: Key) -> None:
+        """Its topic was deleted: the lease is given up as in a handoff, so nothing is
+        renewed or recovered for the partition any more, and its state here is kept as
+        that of a partition Kafka does not have (`_remember_absent`). Created again, the
+        topic's first use takes the partition anew."""
+        if not self._owners.let_go(key):
+            return  # not held here, or being let go already
+        metrics.TOPIC_DELETED.inc()
+        log.info("the topic was deleted: giving its partition up", topic=key[0], partition=key[1])
+        self._remember_absent(key)
 
     async def wait_recovered(self, partitions: list[Key], timeout_s: float) -> bool:
         """Whether every one of these partitions is recovered within the timeout."""

@@ -30,6 +30,11 @@ TOPIC_RECREATED = Counter(
     "Partitions whose topic was found deleted, or deleted and created again under its name "
     "(a new topic id): their dedup state is rebuilt from the new topic's log",
 )
+TOPIC_DELETED = Counter(
+    "dedup_topic_deleted_total",
+    "Partitions let go because their topic was deleted (and not created again): their lease "
+    "given up, nothing renewed or recovered for them any more",
+)
 SEQUENCE_GAPS = Counter(
     "dedup_sequence_gaps_total",
     "Partition batches of Kafka idempotent producers refused (retriable) for skipping ahead: "

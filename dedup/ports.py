@@ -67,7 +67,10 @@ class TopicIdLookup(Protocol):
 
     async def of(self, topic: str, broker: Endpoint | None = None) -> str | None: ...
 
-    async def of_each(self, topics: Sequence[str]) -> dict[str, str | None]: ...
+    async def answers(
+        self, topics: Sequence[str], broker: Endpoint | None = None
+    ) -> dict[str, str | Exception | None]:
+        """Each topic's id, None, or its error (`dedup.topic_ids.UnknownTopic`: deleted)."""
 
 
 class Policies(Protocol):
@@ -91,6 +94,9 @@ class Owners(Protocol):
 
     async def learn_leader(self, key: Key) -> tuple[int, int] | None:
         """Raises `proxy.runtime.cluster.NoSuchPartition` (Kafka has no such partition)."""
+
+    def let_go(self, key: Key) -> bool:
+        """Give up the partition's lease (its topic was deleted); whether that started now."""
 
 
 class Clock(Protocol):

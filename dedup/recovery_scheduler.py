@@ -6,8 +6,9 @@ batches (`dedup.recovery.Recovery.run`: one fence for the batch). A partition wa
 its own writes have settled (in the log then, or never): the engine checks nothing new
 for it meanwhile, since ``recovered`` is False. A partition that fails is retried after a
 pause of its own, doubling from ``retry_s[0]`` to ``retry_s[1]``: it never holds back the
-others, nor a partition queued after it. When a whole batch fails (the fence), the next
-tries take one partition at a time, so one bad partition (a deleted topic) cannot block
+others, nor a partition queued after it. One whose topic does not exist is not retried:
+its next use recovers it, once the topic is created again. When a whole batch fails (the
+fence), the next tries take one partition at a time, so one bad partition cannot block
 the rest.
 """
 
@@ -24,6 +25,7 @@ from dedup import metrics
 from dedup.partitions import AckCursor, Key, PartitionStates
 from dedup.ports import PartitionRecovery
 from dedup.recovery import NotOwner, RecoveredPartition
+from dedup.topic_ids import UnknownTopic
 from proxy.runtime import background
 from proxy.runtime.metrics import BACKGROUND_PASS_ERRORS
 
@@ -266,6 +268,14 @@ class RecoveryScheduler:
     def _failed(self, key: Key, error: Exception) -> None:
         queued = self._queue.pop(key, None)
         if queued is None:
+            return
+        if isinstance(error, UnknownTopic):
+            # Not to retry: the topic was deleted. Its next use, once it is created again,
+            # recovers it; the engine's topic watch gives its lease up meanwhile.
+            metrics.RECOVERIES.labels("topic_deleted").inc()
+            log.info(
+                "partition not recovered: its topic does not exist", topic=key[0], partition=key[1]
+            )
             return
         if isinstance(error, NotOwner):  # not to retry: its requests go to the holder
             state = self.partitions.of(key)

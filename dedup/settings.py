@@ -147,7 +147,8 @@ class DedupSettings(BaseSettings):
         gt=0,
         description="how often the owner asks Kafka the ids of the topics it holds "
         "partitions of: a topic deleted and created again is rebuilt from its new log by "
-        "then even if no request of it drops records",
+        "then even if no request of it drops records, and the partitions of a topic "
+        "deleted are given up",
     )
     max_producers_per_snapshot: int = Field(default=10_000, gt=0)
     ambiguous_write_give_up_s: float = Field(

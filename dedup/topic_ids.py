@@ -82,13 +82,6 @@ class TopicIds:
             raise found
         return found
 
-    async def of_each(self, topics: Sequence[str]) -> dict[str, str | None]:
-        """Each topic's id now, in one request (`of`); a topic the cluster gives no answer
-        for (deleted, not authorized) is left out. Raises OSError or TimeoutError when no
-        broker answered."""
-        found = await self.answers(topics)
-        return {t: topic_id for t, topic_id in found.items() if not isinstance(topic_id, Exception)}
-
     async def answers(
         self, topics: Sequence[str], broker: Endpoint | None = None
     ) -> dict[str, str | Exception | None]:

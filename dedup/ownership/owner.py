@@ -244,6 +244,14 @@ class Ownership:
         self.held.pop(key, None)
         metrics.OWNED_PARTITIONS.set(len(self.held))
 
+    def let_go(self, key: Key) -> bool:
+        """Give up the partition's lease as in a handoff (its topic was deleted: no instance
+        is to hold it); whether that started now."""
+        if key not in self.held or key in self.handing_off:
+            return False
+        self._start_handoff(key)
+        return True
+
     async def still_mine(self, key: Key) -> bool:
         """Whether Redis still gives this instance the partition (asked now)."""
         lease = self.held.get(key)
@@ -292,15 +300,19 @@ class Ownership:
             owner = self.owner_of(key)
             mine = owner is None or owner.instance_id == self.me.instance_id
             if not mine and key not in self.handing_off:
-                task = asyncio.create_task(self._hand_over(key))
-                self._handoffs.add(task)
-                task.add_done_callback(self._handoffs.discard)
+                self._start_handoff(key)
+
+    def _start_handoff(self, key: Key) -> None:
+        self.handing_off.add(key)  # now: the task starts later, and one is enough
+        task = asyncio.create_task(self._hand_over(key))
+        self._handoffs.add(task)
+        task.add_done_callback(self._handoffs.discard)
 
     async def _learn_leaders(self, keys: list[Key]) -> None:
         """Topic after topic (`leaders_by_topic`)."""
         for key, result in await leaders_by_topic(keys, self.learn_leader, topics_at_once=1):
-            # No such partition: a topic deleted under it, which the engine's topic-id
-            # check acts on. Anything else: the next beat asks again.
+            # No such partition: a topic deleted under it, which the engine's topic watch
+            # lets go (`DedupEngine.confirm_topics`). Anything else: the next beat asks again.
             if isinstance(result, Exception) and not isinstance(result, NoSuchPartition):
                 log.warning("partition leader not learned", topic=key[0], error=str(result))
 
@@ -312,8 +324,9 @@ class Ownership:
     async def _hand_over(self, key: Key) -> None:
         lease = self.held.get(key)
         if lease is None or self._handoff is None:
+            self.handing_off.discard(key)
             return
-        self.handing_off.add(key)
+        self.handing_off.add(key)  # (already, when started by `_start_handoff`)
         started = asyncio.get_running_loop().time()
         try:
             try:

@@ -43,7 +43,7 @@ from tests.support.raw import (
 )
 from tests.support.relay import relayed_redis
 from tests.support.restartable import RestartableProxy
-from tests.support.topics import delete_and_create_again, new_topic
+from tests.support.topics import create_again, delete_and_create_again, delete_topic, new_topic
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -516,6 +516,49 @@ def test_a_late_write_of_the_killed_proxy_is_refused_after_the_restart(
 
 
 # -------------------------------------------------------------------------- a topic created again
+
+
+def test_a_deleted_topics_partition_is_given_up_and_taken_anew_once_created_again(
+    local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """A topic is deleted under a partition this instance holds. Within the topic watch's
+    period (`topic_id_check_s`, 1 s here) its lease is given up; nothing is recovered or
+    retried for it, and a request to it is answered UNKNOWN_TOPIC_OR_PARTITION, as Kafka
+    answers. Before, its lease was renewed for as long as the proxy ran, and once a
+    request had found the topic gone, its recovery failed and was retried every 30 s.
+    Created again, the topic starts afresh: the same producer's sequence 0 is new."""
+    bootstrap = local_env.bootstrap
+    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_TOPIC_ID_CHECK_S="1")
+    proxy = restartable.start()
+    try:
+        topic = new_topic(bootstrap)
+        blind_resend(proxy, topic, "p-deleted", range(10))
+
+        def held() -> bool:
+            return f"{topic}/0" in proxy_json(restartable, "/v1/ownership")["held"]
+
+        assert held()
+        delete_topic(bootstrap, topic)
+        wait_until(lambda: not held(), 30, "the deleted topic's partition given up")
+        assert metric_total(proxy, "dedup_topic_deleted_total") == 1
+        request = produce_request(topic, {0: explicit_batch([("p-deleted", 10)])})
+        wait_until(
+            lambda: produce_raw(proxy, request).error_code == UNKNOWN_TOPIC_OR_PARTITION,
+            30,
+            "a request to the deleted topic answered as Kafka answers it",
+        )
+        time.sleep(3)  # three watch periods, and more than the recoveries' first pauses
+        assert not held()
+        assert metric_total(proxy, 'dedup_recoveries_total{result="failed"}') == 0
+        rows = proxy_json(restartable, "/v1/snapshots")["partitions"]
+        assert [p["recovery_failing"] for p in rows if p["topic"] == topic] in ([], [None])
+        assert metric_total(proxy, "dedup_topic_deleted_total") == 1, "given up once"
+
+        create_again(bootstrap, topic)
+        blind_resend(proxy, topic, "p-deleted", range(5))
+        assert values(bootstrap, topic) == [str(n).encode() for n in range(5)]
+    finally:
+        restartable.stop()
 
 
 def test_a_topic_that_does_not_exist_is_answered_unknown_beside_one_that_is_written(

@@ -58,21 +58,24 @@ def test_a_missing_topic_is_unknown(local_env: EnvInfo) -> None:
         asyncio.run(ask(local_env.bootstrap, "no-such-topic-anywhere", of_broker=True))
 
 
-def test_several_topics_in_one_request_a_missing_one_left_out(local_env: EnvInfo) -> None:
+def test_several_topics_in_one_request_a_missing_one_unknown(local_env: EnvInfo) -> None:
     first, second = new_topic(local_env.bootstrap), new_topic(local_env.bootstrap)
     host, port = local_env.bootstrap.rsplit(":", 1)
     broker = Endpoint(host, int(port))
 
-    async def ask_each() -> dict[str, str | None]:
+    async def ask_each() -> dict[str, str | Exception | None]:
         links = UpstreamLinks(10.0)
         try:
-            return await TopicIds(links.get, lambda: [broker]).of_each(
+            return await TopicIds(links.get, lambda: [broker]).answers(
                 [first, "no-such-topic-anywhere", second]
             )
         finally:
             await links.close()
 
-    assert asyncio.run(ask_each()) == {
+    found = asyncio.run(ask_each())
+    missing = found.pop("no-such-topic-anywhere")
+    assert isinstance(missing, UnknownTopic), missing
+    assert found == {
         first: kafka_says(local_env.bootstrap, first),
         second: kafka_says(local_env.bootstrap, second),
     }

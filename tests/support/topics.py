@@ -32,8 +32,17 @@ def new_topic(
 def delete_and_create_again(bootstrap: str, topic: str, partitions: int = 1) -> None:
     """The topic deleted, then created again under its name (a new topic id, an empty
     log), returned once the new one is served."""
+    delete_topic(bootstrap, topic)
+    create_again(bootstrap, topic, partitions)
+
+
+def delete_topic(bootstrap: str, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.delete_topics([topic])[topic].result(30)
+
+
+def create_again(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    """The deleted topic created again under its name, returned once it is served."""
     deadline = time.monotonic() + 60
     while True:  # the deletion completes a moment after it is acknowledged
         try:

@@ -27,7 +27,7 @@ import itertools
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -436,11 +436,15 @@ class FakeTopicIds:
             raise UnknownTopic(f"topic {topic} does not exist")
         return found
 
-    async def of_each(self, topics: Sequence[str]) -> dict[str, str | None]:
-        found: dict[str, str | None] = {}
+    async def answers(
+        self, topics: Sequence[str], broker: Endpoint | None = None
+    ) -> dict[str, str | Exception | None]:
+        found: dict[str, str | Exception | None] = {}
         for topic in topics:
-            with contextlib.suppress(UnknownTopic):
+            try:
                 found[topic] = await self.of(topic)
+            except UnknownTopic as gone:
+                found[topic] = gone
         return found
 
     def recreate(self, topic: str) -> None:
@@ -528,6 +532,17 @@ class FakeOwners:
     elsewhere: dict[Key, Redirect] = field(default_factory=dict)
     lapsed: set[Key] = field(default_factory=set)  # leases not renewed in time
     released: set[Key] = field(default_factory=set)  # leases no longer held
+    let_go_of: list[Key] = field(default_factory=list)  # leases given up (`let_go`), in order
+    # Told of a lease no longer held, as `Ownership` tells the recovery scheduler.
+    on_lost: Callable[[Key], None] = lambda key: None
+
+    def let_go(self, key: Key) -> bool:
+        if key in self.released:
+            return False
+        self.released.add(key)
+        self.let_go_of.append(key)
+        self.on_lost(key)
+        return True
 
     def ready(self) -> bool:
         return True
@@ -618,7 +633,7 @@ async def running(
     state, writer, topic_ids = FakeState(), FakeWriter(), FakeTopicIds()
     recovery = FakeRecovery(state, writer, topic_ids)
     scheduler = RecoveryScheduler(recovery, retry_s=retry_s)
-    owners = FakeOwners()
+    owners = FakeOwners(on_lost=scheduler.forget)
     fixed = FixedPolicies(policies or PolicySnapshot(Mode.ENABLED))
     engine = DedupEngine(
         state,
@@ -1969,6 +1984,56 @@ async def test_a_deleted_topic_is_answered_unknown_and_rebuilt_once_it_is_back()
         back = await rig.send((P0, records("p", [0])))
         assert back[P0] == PartitionAnswer(base_offset=0)
         assert rig.writer.log[P0] == in_order("p", [0])
+
+
+def counted(name: str, labels: dict[str, str] | None = None) -> float:
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+async def test_a_deleted_topics_partition_is_let_go_by_the_topic_watch() -> None:
+    """The topic watch (`confirm_topics`) finds the topic of a partition held here deleted:
+    the partition's lease is given up, once, and nothing is recovered or retried for it.
+    Created again, the topic's first use takes the partition anew, from its new log."""
+    async with running() as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1]))))[P0])
+        before = counted("dedup_topic_deleted_total")
+        rig.topic_ids.ids[P0[0]] = None
+        rig.owners.absent.add(P0)  # as Kafka's metadata says too
+        rig.writer.log[P0] = []
+        runs = len(rig.recovery.calls)
+        await rig.engine.confirm_topics()
+        await rig.engine.confirm_topics()  # the next pass: given up already
+        assert rig.owners.let_go_of == [P0]
+        assert counted("dedup_topic_deleted_total") == before + 1
+        assert not rig.engine.partition_states()[P0].recovered
+        await asyncio.sleep(0.1)
+        assert len(rig.recovery.calls) == runs and rig.scheduler.failing() == {}
+        gone = await rig.send((P0, records("p", [2])))
+        assert gone[P0].error_code == ErrorCode.unknown_topic_or_partition
+        rig.topic_ids.recreate(P0[0])
+        rig.owners.absent.clear()
+        rig.owners.released.clear()  # its recovery takes the lease again
+        back = await rig.send((P0, records("p", [0])))
+        assert back[P0] == PartitionAnswer(base_offset=0)
+        assert rig.writer.log[P0] == in_order("p", [0])
+
+
+async def test_the_recovery_of_a_deleted_topics_partition_is_not_retried() -> None:
+    """A request finds the topic deleted: the partition's recovery fails for that reason
+    and is not tried again (before, every 30 s for as long as the proxy ran); the topic's
+    next use, once created again, recovers it."""
+    async with running(retry_s=(0.01, 0.01)) as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
+        before = counted("dedup_recoveries_total", {"result": "topic_deleted"})
+        rig.topic_ids.ids[P0[0]] = None
+        gone = await rig.send((P0, records("p", [2])))
+        assert gone[P0].error_code == ErrorCode.unknown_topic_or_partition
+        await asyncio.sleep(0.05)
+        runs = len(rig.recovery.calls)
+        await asyncio.sleep(0.2)  # 20 retry pauses
+        assert len(rig.recovery.calls) == runs
+        assert rig.scheduler.failing() == {} and not rig.scheduler.recovering(P0)
+        assert counted("dedup_recoveries_total", {"result": "topic_deleted"}) == before + 1
 
 
 # ----------------------------------------------------------------------------- a property

@@ -24,6 +24,7 @@ from dedup.ownership.filters import (
     OwnedMetadataFilter,
     ownership_filters,
 )
+from dedup.ownership.leases import Lease
 from dedup.ownership.members import Member, Membership
 from dedup.ownership.nodes import NodeMap
 from dedup.ownership.owner import Ownership
@@ -216,7 +217,8 @@ async def test_metadata_names_each_dedup_partitions_owner_and_this_instance_for_
 
 async def test_a_held_partition_kafka_no_longer_has_is_not_warned_of_every_beat() -> None:
     """Sidecar placement asks the leaders of held partitions every heartbeat: a topic
-    deleted under one is the topic-id check's to act on, not a warning a second."""
+    deleted under one is the topic watch's to act on (it lets the partition go), not a
+    warning a second."""
     owner = ownership_of(A, [A])
 
     async def lookup(topic: str, partition: int) -> tuple[int, int] | None:
@@ -230,6 +232,32 @@ async def test_a_held_partition_kafka_no_longer_has_is_not_warned_of_every_beat(
     assert [(e["event"], e["topic"]) for e in logs] == [
         ("partition leader not learned", "unreachable")
     ]
+
+
+async def test_a_partition_let_go_is_handed_over_once_then_no_longer_held() -> None:
+    """Its topic deleted: the lease is given up as in a handoff (settled, released, the
+    scheduler told), once, however often it is asked for."""
+    owner = ownership_of(A, [A])
+    released: list[tuple[tuple[str, int], bool]] = []
+    lost: list[tuple[str, int]] = []
+
+    class Leases:
+        async def release(self, lease: Lease, clean: bool) -> None:
+            released.append((lease.key, clean))
+
+    async def settled(lease: Lease) -> bool:
+        return True
+
+    owner.leases = Leases()  # type: ignore[assignment]
+    owner.bind(on_lost=lost.append, handoff=settled)
+    owner.granted(Lease("deleted", 0, "a", "i", 1))
+    assert owner.let_go(("deleted", 0)) is True
+    assert owner.let_go(("deleted", 0)) is False, "under way already"
+    await asyncio.gather(*owner._handoffs)
+    assert released == [(("deleted", 0), True)]
+    assert lost == [("deleted", 0)]
+    assert not owner.holds(("deleted", 0))
+    assert owner.let_go(("deleted", 0)) is False, "not held"
 
 
 async def test_the_leaders_of_a_topics_held_partitions_are_asked_at_once() -> None:
