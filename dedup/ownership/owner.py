@@ -249,6 +249,9 @@ class Ownership:
         is to hold it); whether that started now."""
         if key not in self.held or key in self.handing_off:
             return False
+        # Its leader as learned is gone too: the partition's next request asks Kafka, and
+        # is answered that no such partition exists, without a recovery taking it again.
+        self._leaders.pop(key, None)
         self._start_handoff(key)
         return True
 

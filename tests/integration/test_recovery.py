@@ -561,6 +561,36 @@ def test_a_deleted_topics_partition_is_given_up_and_taken_anew_once_created_agai
         restartable.stop()
 
 
+def test_a_recovery_that_finds_the_topic_deleted_is_not_retried(
+    local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """With the topic watch out of the way (one look an hour), a request whose records
+    are to be dropped finds the topic deleted (its id asked of the leader): it is answered
+    UNKNOWN_TOPIC_OR_PARTITION, and the partition's recovery that follows fails for that
+    reason and is not tried again. Before, it was retried every 30 s for as long as the
+    proxy ran, and `dedup_recoveries_failing` stayed above 0."""
+    bootstrap = local_env.bootstrap
+    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_TOPIC_ID_CHECK_S="3600")
+    proxy = restartable.start()
+    try:
+        topic = new_topic(bootstrap)
+        blind_resend(proxy, topic, "p-deleted", range(10))
+        delete_topic(bootstrap, topic)
+        again = produce_request(topic, {0: explicit_batch([("p-deleted", 5)])})  # a duplicate
+        assert produce_raw(proxy, again).error_code == UNKNOWN_TOPIC_OR_PARTITION
+        wait_until(
+            lambda: metric_total(proxy, 'dedup_recoveries_total{result="topic_deleted"}') == 1,
+            30,
+            "the recovery found the topic deleted",
+        )
+        time.sleep(3)  # more than the first retry pauses (0.5 s, doubling)
+        assert metric_total(proxy, 'dedup_recoveries_total{result="topic_deleted"}') == 1
+        assert metric_total(proxy, 'dedup_recoveries_total{result="failed"}') == 0
+        assert metric_total(proxy, "dedup_recoveries_failing") == 0
+    finally:
+        restartable.stop()
+
+
 def test_a_topic_that_does_not_exist_is_answered_unknown_beside_one_that_is_written(
     restartable: RestartableProxy, local_env: EnvInfo
 ) -> None:

@@ -251,7 +251,9 @@ async def test_a_partition_let_go_is_handed_over_once_then_no_longer_held() -> N
     owner.leases = Leases()  # type: ignore[assignment]
     owner.bind(on_lost=lost.append, handoff=settled)
     owner.granted(Lease("deleted", 0, "a", "i", 1))
+    owner.observe_leader(("deleted", 0), 1, 4)
     assert owner.let_go(("deleted", 0)) is True
+    assert owner.leader(("deleted", 0)) is None, "its next request asks Kafka"
     assert owner.let_go(("deleted", 0)) is False, "under way already"
     await asyncio.gather(*owner._handoffs)
     assert released == [(("deleted", 0), True)]
