@@ -370,7 +370,7 @@ class DedupEngine:
             return
         answers = await self._topic_ids.answers(sorted({key[0] for key, _ in watched}))
         for key, state in watched:
-            answer = answers.get(key[0])  # None: no ids (before Kafka 2.8); an error: unknown
+            answer = answers.get(key[0])  # None: no ids (Kafka < 2.8); other errors: next pass
             if isinstance(answer, UnknownTopic):
                 self._let_go(key)
             elif isinstance(answer, str) and state.recovered and state.topic_id != answer:

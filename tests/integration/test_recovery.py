@@ -8,6 +8,7 @@ order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
@@ -518,6 +519,22 @@ def test_a_late_write_of_the_killed_proxy_is_refused_after_the_restart(
 # -------------------------------------------------------------------------- a topic created again
 
 
+@contextlib.contextmanager
+def proxy_that_wrote(
+    local_env: EnvInfo, tmp_path: Path, watch_s: int
+) -> Iterator[tuple[RestartableProxy, ProxyProcess, str]]:
+    """A proxy whose topic watch looks every `watch_s` seconds, and a topic of which it
+    wrote producer p-deleted's sequences 0-9 (so it holds its partition); stopped on exit."""
+    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_TOPIC_ID_CHECK_S=str(watch_s))
+    proxy = restartable.start()
+    try:
+        topic = new_topic(local_env.bootstrap)
+        blind_resend(proxy, topic, "p-deleted", range(10))
+        yield restartable, proxy, topic
+    finally:
+        restartable.stop()
+
+
 def test_a_deleted_topics_partition_is_given_up_and_taken_anew_once_created_again(
     local_env: EnvInfo, tmp_path: Path
 ) -> None:
@@ -528,11 +545,7 @@ def test_a_deleted_topics_partition_is_given_up_and_taken_anew_once_created_agai
     request had found the topic gone, its recovery failed and was retried every 30 s.
     Created again, the topic starts afresh: the same producer's sequence 0 is new."""
     bootstrap = local_env.bootstrap
-    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_TOPIC_ID_CHECK_S="1")
-    proxy = restartable.start()
-    try:
-        topic = new_topic(bootstrap)
-        blind_resend(proxy, topic, "p-deleted", range(10))
+    with proxy_that_wrote(local_env, tmp_path, watch_s=1) as (restartable, proxy, topic):
 
         def held() -> bool:
             return f"{topic}/0" in proxy_json(restartable, "/v1/ownership")["held"]
@@ -557,8 +570,6 @@ def test_a_deleted_topics_partition_is_given_up_and_taken_anew_once_created_agai
         create_again(bootstrap, topic)
         blind_resend(proxy, topic, "p-deleted", range(5))
         assert values(bootstrap, topic) == [str(n).encode() for n in range(5)]
-    finally:
-        restartable.stop()
 
 
 def test_a_recovery_that_finds_the_topic_deleted_is_not_retried(
@@ -569,13 +580,8 @@ def test_a_recovery_that_finds_the_topic_deleted_is_not_retried(
     UNKNOWN_TOPIC_OR_PARTITION, and the partition's recovery that follows fails for that
     reason and is not tried again. Before, it was retried every 30 s for as long as the
     proxy ran, and `dedup_recoveries_failing` stayed above 0."""
-    bootstrap = local_env.bootstrap
-    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_TOPIC_ID_CHECK_S="3600")
-    proxy = restartable.start()
-    try:
-        topic = new_topic(bootstrap)
-        blind_resend(proxy, topic, "p-deleted", range(10))
-        delete_topic(bootstrap, topic)
+    with proxy_that_wrote(local_env, tmp_path, watch_s=3600) as (_, proxy, topic):
+        delete_topic(local_env.bootstrap, topic)
         again = produce_request(topic, {0: explicit_batch([("p-deleted", 5)])})  # a duplicate
         assert produce_raw(proxy, again).error_code == UNKNOWN_TOPIC_OR_PARTITION
         wait_until(
@@ -587,8 +593,6 @@ def test_a_recovery_that_finds_the_topic_deleted_is_not_retried(
         assert metric_total(proxy, 'dedup_recoveries_total{result="topic_deleted"}') == 1
         assert metric_total(proxy, 'dedup_recoveries_total{result="failed"}') == 0
         assert metric_total(proxy, "dedup_recoveries_failing") == 0
-    finally:
-        restartable.stop()
 
 
 def test_a_topic_that_does_not_exist_is_answered_unknown_beside_one_that_is_written(
