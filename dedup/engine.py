@@ -178,6 +178,9 @@ class _Work:
     topic: str
     partition: int
     mode: Mode
+    # Its partition's state, the same object from admit to release: a state is dropped
+    # only once every request admitted to it has ended (`_remember_absent`).
+    state: PartitionState
     number: int = 0  # in the partition's line
     batches: list[IncomingBatch] = field(default_factory=list)
     keep: list[list[bool]] = field(default_factory=list)  # per batch, per record
@@ -461,7 +464,13 @@ class DedupEngine:
             log.warning("a Produce request names a partition twice: its last data counts")
         modes = admission.snapshot.mode_for
         work = [
-            _Work(*key, modes(key[0]), admission.numbers[key], connection=admission.connection)
+            _Work(
+                *key,
+                modes(key[0]),
+                self._partitions.of(key),
+                admission.numbers[key],
+                connection=admission.connection,
+            )
             for key in parts
         ]
         timeout_ms = int(request.timeout.total_seconds() * 1000)
@@ -585,7 +594,7 @@ class DedupEngine:
                 if gaps is not None:
                     gaps.accepted(item.batches)
                 self._unwrap(item)
-                self._state_of(item).pending += 1
+                item.state.pending += 1
                 item.checked = True
         # Each identity list walks every record of the partition: build it once.
         pairs = [(w, check) for w in to_check if w.checked and (check := w.check()) is not None]
@@ -598,7 +607,7 @@ class DedupEngine:
     def _unwrap(self, item: _Work) -> None:
         """Kafka's implicit sequences counted on past its wrap at 2^31, in line
         (`dedup.implicit_wraps`): after it, they would read as the first ones again."""
-        unwrapped = self._state_of(item).wraps.unwrap(item.batches)
+        unwrapped = item.state.wraps.unwrap(item.batches)
         if unwrapped is not None:
             item.batches = unwrapped
             item.prepared = []  # made ahead with Kafka's sequences: made again when written
@@ -627,7 +636,7 @@ class DedupEngine:
                 self._refuse(item, _not_written("dedup state unavailable"))
             return
         for item, verdict in zip(checked, verdicts, strict=True):
-            if self._behind_a_refusal(item, self._state_of(item)):
+            if self._behind_a_refusal(item, item.state):
                 # One ahead of it was refused after this check went out (serially it would
                 # have been refused at the gate): refused, and what its check pushed undone.
                 if not verdict.lost:
@@ -642,7 +651,7 @@ class DedupEngine:
                 self._refuse(item, _recovering())
                 continue
             if verdict.evicted:
-                self._state_of(item).wraps.forget(verdict.evicted)
+                item.state.wraps.forget(verdict.evicted)
                 if self._local is not None:  # Redis's copy forgets them too
                     self._spawn(self._forget_in_redis(item.key, verdict.evicted))
                 metrics.EVICTIONS.inc(len(verdict.evicted))
@@ -673,7 +682,7 @@ class DedupEngine:
             if verdict.refused:
                 metrics.RECORDS.labels("unknown").inc(len(verdict.statuses))
                 item.reach = Reach.PRODUCERS  # as `Reach` says: a retry too soon, say
-                if not self._state_of(item).cursor.unsettled:
+                if not item.state.cursor.unsettled:
                     # Nothing of its producers is on its way from here (the requests ahead
                     # are submitted or refused; those behind naming them are refused by
                     # this refusal, the others are written before the reset below), and
@@ -705,7 +714,7 @@ class DedupEngine:
         then the request is refused (retriable; it and every request behind it on the
         partition) and the state is rebuilt from the new topic's log. Still in the turn:
         no later request of the partition is judged meanwhile."""
-        expected = self._state_of(item).topic_id
+        expected = item.state.topic_id
         if expected is None or self._topic_ids is None:
             return True
         try:
@@ -772,7 +781,7 @@ class DedupEngine:
         batch. The gates (`_pass_gate`) then only wait: a producer's first request to many
         partitions would otherwise wait for as many recoveries in a row."""
         now = asyncio.get_running_loop().time()
-        first = {item.key for item in items if self._state_of(item).unopened(now)}
+        first = {item.key for item in items if item.state.unopened(now)}
         if len(first) < 2 or not self._owners.ready():
             return  # one partition: its gate does the same
         found = await leaders_by_topic(first, self._owners.learn_leader, FIRST_USE_LOOKUPS)
@@ -783,7 +792,7 @@ class DedupEngine:
 
     async def _pass_gate(self, item: _Work) -> None:
         """Wait while the partition recovers or settles a failed write."""
-        state = self._state_of(item)
+        state = item.state
         while True:
             if self._behind_a_refusal(item, state):
                 item.answer = _not_written(
@@ -850,7 +859,7 @@ class DedupEngine:
         """Whether another instance owns (or should own) the partition: then the client is
         told NOT_LEADER_OR_FOLLOWER with the owner's node (KIP-951), as Kafka sends a
         client to a partition's leader."""
-        state = self._state_of(item)
+        state = item.state
         if not self._owners.ready():  # not a member yet: may take nothing
             self._refuse(item, _recovering())
             return True
@@ -931,13 +940,13 @@ class DedupEngine:
             return items, failed
         for item in items:  # in submission order: the order of the partition's log
             if item.checked:
-                item.ticket = self._state_of(item).cursor.submitted()
+                item.ticket = item.state.cursor.submitted()
         return items, submitted
 
     def _still_wanted(self, item: _Work) -> Callable[[], bool]:
         """Asked by the writer as the batch takes its sequence: a write ahead of it in line
         may have failed since its check, and it must not overtake that one's retry."""
-        state = self._state_of(item)
+        state = item.state
 
         def wanted() -> bool:
             return not self._behind_a_refusal(item, state)
@@ -967,7 +976,7 @@ class DedupEngine:
                     end_offset = result.base_offset + written_records
                 if item.checked:
                     highest = _highest_kept(item)
-                    table = self._state_of(item).sequences
+                    table = item.state.sequences
                     if table is not None and table.token == item.token:
                         table.persisted(highest, self._clock.clock_ms())
                     self._persisted.add(item.topic, item.partition, highest, item.token)
@@ -985,13 +994,13 @@ class DedupEngine:
                     item, PartitionAnswer(result.error_code, error_message=result.error_message)
                 )
             if item.ticket is not None:
-                self._state_of(item).cursor.settled(item.ticket, end_offset, written_records)
+                item.state.cursor.settled(item.ticket, end_offset, written_records)
 
     # ------------------------------------------------------------- 5. settle
 
     def _release(self, work: list[_Work]) -> None:
         for item in work:
-            self._state_of(item).released_one()
+            item.state.released_one()
             if item.answer is None:
                 self._abandon(item)
             elif item.answer.error_code:  # every way to "not written" ends here too
@@ -1002,7 +1011,7 @@ class DedupEngine:
                     self._refuse_behind(item)
             if not item.checked:
                 continue
-            state = self._state_of(item)
+            state = item.state
             state.pending -= 1
             if state.pending == 0 and state.failed:
                 state.failed = False
@@ -1014,7 +1023,7 @@ class DedupEngine:
         had its outcome: answer retry, and leave the partition able to take the retry."""
         if item.ticket is not None:
             # Submitted: whether it reached the log only the log can tell.
-            self._state_of(item).cursor.settled(item.ticket, None, 0)
+            item.state.cursor.settled(item.ticket, None, 0)
             self._recoveries.request(item.key, "a write's outcome was lost")
             self._refuse(item, _recovering())
             return
@@ -1055,7 +1064,7 @@ class DedupEngine:
         when another instance holds it (`RecoveryScheduler`)."""
         if item.mode is Mode.DISABLED:
             return None
-        state = self._state_of(item)
+        state = item.state
         if self._owners.holds(item.key):
             return state.gaps
         now = asyncio.get_running_loop().time()
@@ -1071,7 +1080,7 @@ class DedupEngine:
         if item.mode is Mode.DISABLED or not item.in_turn:
             return
         producers = item.producers() if item.reach is Reach.PRODUCERS else ()
-        self._state_of(item).refuse_behind(item.reach, item.connection, producers)
+        item.state.refuse_behind(item.reach, item.connection, producers)
 
     @staticmethod
     def _behind_a_refusal(item: _Work, state: PartitionState) -> bool:
@@ -1085,7 +1094,7 @@ class DedupEngine:
         return True
 
     def _fail(self, item: _Work) -> None:
-        state = self._state_of(item)
+        state = item.state
         state.failed = True
         state.open.clear()
 
@@ -1186,11 +1195,6 @@ class DedupEngine:
         task = asyncio.create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    def _state_of(self, item: _Work) -> PartitionState:
-        key = (item.topic, item.partition)  # asked several times per request: no property
-        state = self._partitions.get(key)
-        return self._partitions.of(key) if state is None else state
 
 
 def _read_and_prepare(

@@ -215,7 +215,8 @@ class IdempotentWriter:
         self._producer: _Producer | None = None
         self._producer_lock = asyncio.Lock()
         self._lanes = lanes
-        self._lane_bytes: dict[tuple[Endpoint, int], int] = {}  # bytes sent, not answered
+        # Per broker, the bytes sent on each lane and not answered yet.
+        self._lane_bytes: dict[Endpoint, list[int]] = {}
 
     # ---------------------------------------------------------------- writing
 
@@ -239,7 +240,7 @@ class IdempotentWriter:
         keys = [(batch.topic, batch.partition) for batch in batches]
         if len(set(keys)) < len(keys):
             raise ValueError("one batch per partition and request: Kafka keeps only the last")
-        ordered = sorted(range(len(batches)), key=lambda i: keys[i])
+        ordered = sorted(range(len(batches)), key=keys.__getitem__)
         partitions = [self._partition(*keys[i]) for i in ordered]
         acquired: list[_Partition] = []
         try:
@@ -302,8 +303,15 @@ class IdempotentWriter:
         if pinned:
             free = pinned[0]
         else:
-            free = min(range(self._lanes), key=lambda lane: self._lane_bytes.get((broker, lane), 0))
+            loads = self._loads(broker)
+            free = loads.index(min(loads))
         return [partition.lane if partition.in_flight else free for partition in partitions]
+
+    def _loads(self, broker: Endpoint) -> list[int]:
+        loads = self._lane_bytes.get(broker)
+        if loads is None:
+            loads = self._lane_bytes[broker] = [0] * self._lanes
+        return loads
 
     def _send(
         self,
@@ -318,12 +326,12 @@ class IdempotentWriter:
             answer = link.send(request)
         except Exception:  # LinkClosed above all: maybe sent, maybe not
             return _Sent(None)  # resolved like any ambiguous write
-        key = (broker, lane)
+        loads = self._loads(broker)
         size = sum(len(data) for _, data in items)
-        self._lane_bytes[key] = self._lane_bytes.get(key, 0) + size
+        loads[lane] += size
 
         def answered(_: asyncio.Future[Any]) -> None:
-            self._lane_bytes[key] -= size
+            loads[lane] -= size
 
         answer.add_done_callback(answered)
         return _Sent(answer)
