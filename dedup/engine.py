@@ -276,6 +276,7 @@ class DedupEngine:
         self._first_use_wait_s = first_use_wait_s
         self._settle_wait_s = settle_wait_s
         self._partitions = recoveries.partitions
+        recoveries.on_topic_deleted = self._let_go
         # Partitions Kafka said it does not have, oldest first (`_remember_absent`)
         self._absent: OrderedDict[Key, None] = OrderedDict()
         self._max_absent = max_absent_partitions
@@ -380,10 +381,11 @@ class DedupEngine:
                 self._topic_gone(key, "deleted and created again")
 
     def _let_go(self, key: Key) -> None:
-        """Its topic was deleted: the lease is given up as in a handoff, so nothing is
-        renewed or recovered for the partition any more, and its state here is kept as
-        that of a partition Kafka does not have (`_remember_absent`). Created again, the
-        topic's first use takes the partition anew."""
+        """Its topic was deleted (the topic watch or a recovery found it): the lease is given
+        up as in a handoff, so nothing is renewed or recovered for the partition any more,
+        and its state here is kept as that of a partition Kafka does not have
+        (`_remember_absent`). Created again, the topic's first use takes the partition
+        anew."""
         if not self._owners.let_go(key):
             return  # not held here, or being let go already
         metrics.TOPIC_DELETED.inc()

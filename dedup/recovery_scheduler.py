@@ -76,6 +76,9 @@ class RecoveryScheduler:
         self._recovered = asyncio.Condition()
         # Told of every partition a recovery loaded, as it opens (the maps kept in memory).
         self.on_opened: Callable[[Key, RecoveredPartition], None] = lambda key, result: None
+        # Told of every partition a recovery found the topic of deleted (the engine gives
+        # its lease up then, rather than at its topic watch's next look).
+        self.on_topic_deleted: Callable[[Key], None] = lambda key: None
 
     async def close(self) -> None:
         if self._task is not None:
@@ -271,11 +274,12 @@ class RecoveryScheduler:
             return
         if isinstance(error, UnknownTopic):
             # Not to retry: the topic was deleted. Its next use, once it is created again,
-            # recovers it; the engine's topic watch gives its lease up meanwhile.
+            # recovers it; its lease, taken for this recovery, is given up meanwhile.
             metrics.RECOVERIES.labels("topic_deleted").inc()
             log.info(
                 "partition not recovered: its topic does not exist", topic=key[0], partition=key[1]
             )
+            self.on_topic_deleted(key)
             return
         if isinstance(error, NotOwner):  # not to retry: its requests go to the holder
             state = self.partitions.of(key)

@@ -578,9 +578,15 @@ def test_a_recovery_that_finds_the_topic_deleted_is_not_retried(
     """With the topic watch out of the way (one look an hour), a request whose records
     are to be dropped finds the topic deleted (its id asked of the leader): it is answered
     UNKNOWN_TOPIC_OR_PARTITION, and the partition's recovery that follows fails for that
-    reason and is not tried again. Before, it was retried every 30 s for as long as the
-    proxy ran, and `dedup_recoveries_failing` stayed above 0."""
-    with proxy_that_wrote(local_env, tmp_path, watch_s=3600) as (_, proxy, topic):
+    reason and is not tried again, and gives the partition's lease up at once. Before, it
+    was retried every 30 s for as long as the proxy ran, and `dedup_recoveries_failing`
+    stayed above 0; then, the lease was kept until the watch's next look."""
+    with proxy_that_wrote(local_env, tmp_path, watch_s=3600) as (restartable, proxy, topic):
+
+        def held() -> bool:
+            return f"{topic}/0" in proxy_json(restartable, "/v1/ownership")["held"]
+
+        assert held()
         delete_topic(local_env.bootstrap, topic)
         again = produce_request(topic, {0: explicit_batch([("p-deleted", 5)])})  # a duplicate
         assert produce_raw(proxy, again).error_code == UNKNOWN_TOPIC_OR_PARTITION
@@ -589,10 +595,13 @@ def test_a_recovery_that_finds_the_topic_deleted_is_not_retried(
             30,
             "the recovery found the topic deleted",
         )
+        wait_until(lambda: not held(), 10, "the deleted topic's partition given up")
         time.sleep(3)  # more than the first retry pauses (0.5 s, doubling)
         assert metric_total(proxy, 'dedup_recoveries_total{result="topic_deleted"}') == 1
         assert metric_total(proxy, 'dedup_recoveries_total{result="failed"}') == 0
         assert metric_total(proxy, "dedup_recoveries_failing") == 0
+        assert metric_total(proxy, "dedup_topic_deleted_total") == 1
+        assert not held()
 
 
 def test_a_topic_that_does_not_exist_is_answered_unknown_beside_one_that_is_written(

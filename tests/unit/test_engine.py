@@ -2020,11 +2020,13 @@ async def test_a_deleted_topics_partition_is_let_go_by_the_topic_watch() -> None
 
 async def test_the_recovery_of_a_deleted_topics_partition_is_not_retried() -> None:
     """A request finds the topic deleted: the partition's recovery fails for that reason
-    and is not tried again (before, every 30 s for as long as the proxy ran); the topic's
-    next use, once created again, recovers it."""
+    and is not tried again (before, every 30 s for as long as the proxy ran), and its lease
+    is given up at once, not at the topic watch's next look; the topic's next use, once
+    created again, recovers it."""
     async with running(retry_s=(0.01, 0.01)) as rig:
         assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
         before = counted("dedup_recoveries_total", {"result": "topic_deleted"})
+        deleted_before = counted("dedup_topic_deleted_total")
         rig.topic_ids.ids[P0[0]] = None
         gone = await rig.send((P0, records("p", [2])))
         assert gone[P0].error_code == ErrorCode.unknown_topic_or_partition
@@ -2034,6 +2036,8 @@ async def test_the_recovery_of_a_deleted_topics_partition_is_not_retried() -> No
         assert len(rig.recovery.calls) == runs
         assert rig.scheduler.failing() == {} and not rig.scheduler.recovering(P0)
         assert counted("dedup_recoveries_total", {"result": "topic_deleted"}) == before + 1
+        assert rig.owners.let_go_of == [P0]
+        assert counted("dedup_topic_deleted_total") == deleted_before + 1
 
 
 # ----------------------------------------------------------------------------- a property
