@@ -179,6 +179,9 @@ class ProducerIds(Protocol):
 class ProduceLink(Protocol):
     """A connection to a broker (`proxy.kafka.upstream_client.UpstreamClient`)."""
 
+    @property
+    def is_open(self) -> bool: ...
+
     def send(self, payload: Any) -> asyncio.Future[Any]: ...
 
 
@@ -215,6 +218,9 @@ class IdempotentWriter:
         self._producer: _Producer | None = None
         self._producer_lock = asyncio.Lock()
         self._lanes = lanes
+        # The link of each lane as last connected: a request on an open one awaits nothing
+        # before its sequences are assigned.
+        self._links: dict[tuple[Endpoint, int], ProduceLink] = {}
         # Per broker, the bytes sent on each lane and not answered yet.
         self._lane_bytes: dict[Endpoint, list[int]] = {}
 
@@ -249,16 +255,22 @@ class IdempotentWriter:
                 acquired.append(partition)
             refused = set()
             for n, partition in enumerate(partitions):
+                if partition.producer is not None and not partition.needs_new_producer:
+                    continue  # the usual case, without a call
                 if not await self._ensure_producer(partition, keys[ordered[n]]):
                     refused.add(n)
             links: dict[int, ProduceLink] = {}
             while True:  # the lanes, once every one they name is connected
                 lanes = self._lanes_of(broker, partitions)
-                missing = sorted(set(lanes) - links.keys())
-                if not missing:
+                connected = False
+                for lane in sorted(set(lanes) - links.keys()):
+                    link = self._links.get((broker, lane))
+                    if link is None or not link.is_open:
+                        link = self._links[(broker, lane)] = await self._connect(broker, lane)
+                        connected = True
+                    links[lane] = link
+                if not connected:  # nothing awaited: the lanes are still the partitions'
                     break
-                for lane in missing:
-                    links[lane] = await self._connect(broker, lane)
             # From here to send() nothing awaits: sequences are assigned in wire order.
             # Every batch is built before any takes its sequence, so one that fails to
             # build leaves nothing half assigned.
