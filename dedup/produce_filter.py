@@ -10,6 +10,7 @@ enable dedup at all.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import sys
 from typing import Any, cast
@@ -23,10 +24,19 @@ from dedup.batches import copy_of
 from dedup.engine import Admission, DedupEngine, PartitionAnswer
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.error_codes import error_code
+from proxy.kafka.produce_codec import PartitionRow, encode_produce_answers
 from proxy.kafka.produce_decoder import decode_produce_request
-from proxy.kafka.schemas import response_type
+from proxy.kafka.schemas import response_header_is_flexible, response_type
 from proxy.kafka.topology import Endpoint
-from proxy.runtime.chain import FilterContext, Forward, RequestDecision, RequestFrame, Respond
+from proxy.runtime.chain import (
+    EncodedResponse,
+    FilterContext,
+    Forward,
+    LocalAnswer,
+    RequestDecision,
+    RequestFrame,
+    Respond,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -40,7 +50,7 @@ class DedupProduceFilter:
 
     def __init__(self, engine: DedupEngine) -> None:
         self._engine = engine
-        self._running: set[asyncio.Task[ResponsePayload]] = set()
+        self._running: set[asyncio.Task[LocalAnswer]] = set()
 
     async def on_request(self, frame: RequestFrame, context: FilterContext) -> RequestDecision:
         if not await self._engine.dedup_anywhere():
@@ -60,12 +70,12 @@ class DedupProduceFilter:
         self._running.add(task)
         # The connection waits on its own future, which the task's end settles (what
         # asyncio.shield does, in fewer steps): cancelling the wait leaves the task running.
-        answer: asyncio.Future[ResponsePayload] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[LocalAnswer] = asyncio.get_running_loop().create_future()
         task.add_done_callback(functools.partial(self._finished, answer))
         return Respond(answer)
 
     def _finished(
-        self, answer: asyncio.Future[ResponsePayload], task: asyncio.Task[ResponsePayload]
+        self, answer: asyncio.Future[LocalAnswer], task: asyncio.Task[LocalAnswer]
     ) -> None:
         self._running.discard(task)
         if task.cancelled():
@@ -83,9 +93,9 @@ class DedupProduceFilter:
 
     async def _answer(
         self, version: int, request: Any, admission: Admission, broker: Endpoint
-    ) -> ResponsePayload:
+    ) -> LocalAnswer:
         answers = await self._engine.produce(request, admission, broker)
-        return produce_response(version, answers, request)
+        return produce_answer(version, answers, request)
 
     async def drain(self) -> None:
         """Wait for every write already taken (graceful shutdown)."""
@@ -107,6 +117,40 @@ async def _decoded(frame: RequestFrame) -> Any:
     return frame.decode()  # kio's, for what the hand decoder leaves to it (bad input too)
 
 
+Answered = dict[str, tuple[Any, dict[int, PartitionAnswer]]]
+"""Per topic: its name as the request spelled it, and each partition's answer."""
+
+
+def produce_answer(
+    version: int, answers: dict[tuple[str, int], PartitionAnswer], request: Any
+) -> LocalAnswer:
+    """What `produce_response` answers, its bytes written at once (no entity per request)
+    unless a partition is sent to another instance (a tagged field, kio's to write)."""
+    answered = _answered(answers, request)
+    topics: list[tuple[str, list[PartitionRow]]] = []
+    for name, partitions in answered.values():
+        rows: list[PartitionRow] = []
+        for index, a in partitions.items():
+            if a.redirect is not None:
+                return _response(version, answered)
+            rows.append(
+                (
+                    index,
+                    a.error_code,
+                    a.base_offset,
+                    a.log_append_time_ms,
+                    a.log_start_offset,
+                    (),
+                    a.error_message,
+                )
+            )
+        topics.append((str(name), rows))
+    body = encode_produce_answers(version, topics)
+    if body is None:  # a version whose layout the encoder does not know
+        return _response(version, answered)
+    return EncodedResponse(body, response_header_is_flexible(ApiKey.PRODUCE, version))
+
+
 def produce_response(
     version: int, answers: dict[tuple[str, int], PartitionAnswer], request: Any
 ) -> ResponsePayload:
@@ -115,20 +159,32 @@ def produce_response(
     A partition named twice gets one entry, as from Kafka's broker (which keeps one entry
     per partition), and so does a topic named twice.
     """
-    response_cls = response_type(ApiKey.PRODUCE, version)
-    module = sys.modules[response_cls.__module__]
-    by_topic: dict[str, dict[int, Any]] = {}
-    names: dict[str, Any] = {}
-    endpoints: dict[int, Any] = {}
+    return _response(version, _answered(answers, request))
+
+
+def _answered(answers: dict[tuple[str, int], PartitionAnswer], request: Any) -> Answered:
+    by_topic: Answered = {}
     for topic in request.topic_data:
         name = str(topic.name)
-        names.setdefault(name, topic.name)
-        partitions = by_topic.setdefault(name, {})
+        entry = by_topic.get(name)
+        if entry is None:
+            entry = by_topic[name] = (topic.name, {})
+        partitions = entry[1]
         for part in topic.partition_data:
             index = int(part.index)
-            if index in partitions:
-                continue
-            answer = answers[(name, index)]
+            if index not in partitions:
+                partitions[index] = answers[(name, index)]
+    return by_topic
+
+
+def _response(version: int, answered: Answered) -> ResponsePayload:
+    response_cls = response_type(ApiKey.PRODUCE, version)
+    module = sys.modules[response_cls.__module__]
+    endpoints: dict[int, Any] = {}
+    topics = []
+    for name, partitions in answered.values():
+        responses = []
+        for index, answer in partitions.items():
             # kio's phantom types (i32, i64) are their values at run time: the values come
             # from the decoded request and Kafka's answers, so they are cast, not validated.
             fields: dict[str, Any] = {
@@ -136,6 +192,8 @@ def produce_response(
                 "error_code": error_code(answer.error_code),
                 "base_offset": cast(i64, answer.base_offset),
             }
+            if answer.log_append_time_ms >= 0:  # the topic's timestamps are Kafka's
+                fields["log_append_time"] = _datetime(answer.log_append_time_ms)
             if version >= 5:
                 fields["log_start_offset"] = cast(i64, answer.log_start_offset)
             if version >= 8:
@@ -153,17 +211,18 @@ def produce_response(
                     port=i32(node.endpoint.port),
                     rack=None,
                 )
-            partitions[index] = module.PartitionProduceResponse(**fields)
-    topics = tuple(
-        module.TopicProduceResponse(
-            name=names[name], partition_responses=tuple(partitions.values())
-        )
-        for name, partitions in by_topic.items()
-    )
+            responses.append(module.PartitionProduceResponse(**fields))
+        topics.append(module.TopicProduceResponse(name=name, partition_responses=tuple(responses)))
     if endpoints:
         response: ResponsePayload = response_cls(
-            responses=topics, node_endpoints=tuple(endpoints[i] for i in sorted(endpoints))
+            responses=tuple(topics),
+            node_endpoints=tuple(endpoints[i] for i in sorted(endpoints)),
         )
     else:
-        response = response_cls(responses=topics)
+        response = response_cls(responses=tuple(topics))
     return response
+
+
+def _datetime(millis: int) -> datetime.datetime:
+    """kio's value of a timestamp in milliseconds (it writes it back as the same number)."""
+    return datetime.datetime.fromtimestamp(millis / 1000, tz=datetime.UTC)

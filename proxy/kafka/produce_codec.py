@@ -243,8 +243,14 @@ def _response_layouts() -> dict[type[Any], _ResponseLayout]:
 
 
 _RESPONSE_LAYOUTS: Final = _response_layouts()
+_LAYOUTS_BY_VERSION: Final = {int(t.__version__): layout for t, layout in _RESPONSE_LAYOUTS.items()}
 # The ProduceResponse types encode_produce_response writes itself (Produce v13 is not one).
 LEAN_PRODUCE_RESPONSES: Final = frozenset(_RESPONSE_LAYOUTS)
+
+PartitionRow = tuple[int, int, int, int, int, Sequence[tuple[int, str | None]] | None, str | None]
+"""One partition of a ProduceResponse: index, error code, base offset, log append time
+(milliseconds, -1 for none), log start offset, record errors (batch index and message),
+error message. What a version does not have is not written."""
 
 
 def encode_produce_response(response: Any) -> bytes:
@@ -254,49 +260,78 @@ def encode_produce_response(response: Any) -> bytes:
     return _kio_body(response) if parts is None else b"".join(parts)
 
 
+def encode_produce_answers(
+    version: int, topics: Sequence[tuple[str, Sequence[PartitionRow]]]
+) -> bytes | None:
+    """A ProduceResponse body of ``version`` written from plain values, no throttle time and
+    no tagged field: the bytes kio writes for the same entity (the proxy's own answers,
+    without an entity each). None for a version whose layout is not known here."""
+    layout = _LAYOUTS_BY_VERSION.get(version)
+    return None if layout is None else b"".join(_body_parts(layout, topics, 0))
+
+
 def _response_parts(response: Any, layout: _ResponseLayout) -> list[bytes] | None:
     """The body's parts; None when a tagged field is set (kio encodes those)."""
     # kio writes a tagged field unless it equals its default; the same test here.
     if layout.tagged and response.node_endpoints != ():
         return None
+    # kio's arrays are never None, but a None is written as a null array, as kio would.
+    topics: list[tuple[str, list[PartitionRow] | None]] | None = None
+    if response.responses is not None:
+        topics = []
+        for topic in response.responses:
+            if topic.partition_responses is None:
+                topics.append((topic.name, None))
+                continue
+            rows: list[PartitionRow] = []
+            for partition in topic.partition_responses:
+                if layout.tagged and partition.current_leader != layout.no_leader:
+                    return None
+                rows.append(_row(partition, layout))
+            topics.append((topic.name, rows))
+    return _body_parts(layout, topics, _millis(response.throttle_time))
+
+
+def _row(partition: Any, layout: _ResponseLayout) -> PartitionRow:
+    errors = None
+    if layout.record_errors and partition.record_errors is not None:
+        errors = [(e.batch_index, e.batch_index_error_message) for e in partition.record_errors]
+    return (
+        partition.index,
+        partition.error_code,
+        partition.base_offset,
+        _timestamp_millis(partition.log_append_time),
+        partition.log_start_offset if layout.log_start_offset else -1,
+        errors,
+        partition.error_message if layout.record_errors else None,
+    )
+
+
+def _body_parts(
+    layout: _ResponseLayout,
+    topics: Sequence[tuple[str, Sequence[PartitionRow] | None]] | None,
+    throttle_ms: int,
+) -> list[bytes]:
     string, length, end = layout.string, layout.length, layout.end
-    parts = [length(response.responses)]
+    parts = [length(topics)]
     append = parts.append
-    for topic in response.responses or ():
-        append(string(topic.name))
-        append(length(topic.partition_responses))
-        for partition in topic.partition_responses or ():
-            if layout.tagged and partition.current_leader != layout.no_leader:
-                return None
-            log_append_time = _timestamp_millis(partition.log_append_time)
+    for name, rows in topics or ():
+        append(string(name))
+        append(length(rows))
+        for index, code, base_offset, append_ms, start_offset, errors, message in rows or ():
             if layout.log_start_offset:
-                append(
-                    _PARTITION_V5.pack(
-                        partition.index,
-                        partition.error_code,
-                        partition.base_offset,
-                        log_append_time,
-                        partition.log_start_offset,
-                    )
-                )
+                append(_PARTITION_V5.pack(index, code, base_offset, append_ms, start_offset))
             else:
-                append(
-                    _PARTITION_V3.pack(
-                        partition.index,
-                        partition.error_code,
-                        partition.base_offset,
-                        log_append_time,
-                    )
-                )
+                append(_PARTITION_V3.pack(index, code, base_offset, append_ms))
             if layout.record_errors:
-                append(length(partition.record_errors))
-                for record_error in partition.record_errors or ():
-                    append(_INT32.pack(record_error.batch_index))
-                    append(string(record_error.batch_index_error_message))
+                append(length(errors))
+                for batch_index, batch_message in errors or ():
+                    append(_INT32.pack(batch_index))
+                    append(string(batch_message))
                     append(end)
-                append(string(partition.error_message))
+                append(string(message))
             append(end)
         append(end)
-    append(_INT32.pack(_millis(response.throttle_time)))
+    append(_INT32.pack(throttle_ms))
     append(end)
     return parts

@@ -150,15 +150,27 @@ class Forward:
 
 
 @dataclass(frozen=True, slots=True)
+class EncodedResponse:
+    """A response body a filter wrote itself: the bytes its kio entity encodes to, without
+    the entity (`dedup.produce_filter`: one answer per client Produce)."""
+
+    body: bytes
+    flexible_header: bool  # the response header version's: tagged fields or not
+
+
+LocalAnswer = ResponsePayload | EncodedResponse
+
+
+@dataclass(frozen=True, slots=True)
 class Respond:
     """Answer the client without Kafka. The answer may come later (the future); answers
     still go back in request order. The entity's own class fixes its version and header."""
 
-    answer: asyncio.Future[ResponsePayload]
+    answer: asyncio.Future[LocalAnswer]
 
     @staticmethod
-    def now(response: ResponsePayload) -> Respond:
-        answer: asyncio.Future[ResponsePayload] = asyncio.get_running_loop().create_future()
+    def now(response: LocalAnswer) -> Respond:
+        answer: asyncio.Future[LocalAnswer] = asyncio.get_running_loop().create_future()
         answer.set_result(response)
         return Respond(answer)
 
@@ -293,7 +305,10 @@ def _decode_response(header: RequestHeader, payload: bytes, body_start: int) -> 
     return response
 
 
-def encode_response(correlation_id: int, response: ResponsePayload) -> bytes:
+def encode_response(correlation_id: int, response: LocalAnswer) -> bytes:
     """A whole response payload (header + body): the header version is the entity's own."""
+    if isinstance(response, EncodedResponse):
+        tagged = b"\x00" if response.flexible_header else b""
+        return correlation_id.to_bytes(4, "big", signed=True) + tagged + response.body
     tagged = b"\x00" if type(response).__header_schema__.__flexible__ else b""
     return correlation_id.to_bytes(4, "big", signed=True) + tagged + encode_body(response)

@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 import structlog
-from kio.static.protocol import ResponsePayload
 
 from proxy.kafka.topology import Endpoint, Topology
 from proxy.kafka.upstream_client import open_upstream
@@ -39,6 +38,7 @@ from proxy.runtime.chain import (
     FilterChain,
     FilterContext,
     Forward,
+    LocalAnswer,
     RequestFrame,
     encode_response,
 )
@@ -78,7 +78,7 @@ class _Pending:
     header: RequestHeader
     # Kafka's answer (raw payload), or else the answer a filter makes itself (an entity)
     upstream: asyncio.Future[bytes] | None
-    local: asyncio.Future[ResponsePayload] | None = None
+    local: asyncio.Future[LocalAnswer] | None = None
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -259,7 +259,7 @@ class ClientConnection:
             self._in_flight.release()
             await client.drain()
 
-    def _unanswered_done(self, answer: asyncio.Future[ResponsePayload]) -> None:
+    def _unanswered_done(self, answer: asyncio.Future[LocalAnswer]) -> None:
         """A request the client expects no answer to (acks=0) is done: its slot is free."""
         self._in_flight.release()
         if not answer.cancelled() and answer.exception() is not None:

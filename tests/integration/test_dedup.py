@@ -23,7 +23,13 @@ import kio.schema.produce.v9.request as produce_v9
 import pytest
 import redis
 import redis.asyncio
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -132,6 +138,38 @@ def test_resent_sequences_are_dropped(dedup_proxy: ProxyProcess, local_env: EnvI
     send_all(producer, topic, [1, 2])
     assert values(local_env.bootstrap, topic) == [b"v0", b"v1", b"v2"]
     assert producer.last_sequence_id(topic) == 2
+
+
+def test_a_log_append_time_topic_gives_the_client_kafkas_append_time(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """A topic whose timestamps are Kafka's (`message.timestamp.type=LogAppendTime`): the
+    time Kafka appended the record reaches the client through dedup, as it does from Kafka
+    directly (librdkafka's delivery report says LOG_APPEND_TIME, the record's timestamp in
+    the log). Before, the proxy answered -1 and the client reported its own create time."""
+    topic = new_topic(local_env.bootstrap, config={"message.timestamp.type": "LogAppendTime"})
+    reports: list[tuple[Any, tuple[int, int]]] = []
+    producer = Producer({"bootstrap.servers": dedup_proxy.bootstrap, "enable.idempotence": True})
+    created = 1_000_000_000_000  # 2001: far from any append time
+    producer.produce(
+        topic,
+        b"v",
+        timestamp=created,
+        on_delivery=lambda error, message: reports.append((error, message.timestamp())),
+    )
+    assert producer.flush(30) == 0
+    ((error, (kind, reported)),) = reports
+    assert error is None
+    consumer = Consumer({"bootstrap.servers": local_env.bootstrap, "group.id": f"g-{topic}"})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    message = None
+    deadline = time.monotonic() + 30
+    while message is None and time.monotonic() < deadline:
+        message = consumer.poll(1)
+    consumer.close()
+    assert message is not None and message.error() is None
+    assert message.timestamp() == (TIMESTAMP_LOG_APPEND_TIME, reported)
+    assert (kind, reported != created) == (TIMESTAMP_LOG_APPEND_TIME, True)
 
 
 def test_discontinuous_sequence_ids(dedup_proxy: ProxyProcess, local_env: EnvInfo) -> None:

@@ -5,19 +5,35 @@ kio, by kio on the event loop."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import io
 import threading
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_writer
 
 from dedup.engine import PartitionAnswer
-from dedup.produce_filter import DECODE_OFF_LOOP_BYTES, DedupProduceFilter, _decoded
-from proxy.kafka.schemas import decode_request_body
+from dedup.ownership.nodes import Node
+from dedup.ownership.owner import Redirect
+from dedup.produce_filter import (
+    DECODE_OFF_LOOP_BYTES,
+    DedupProduceFilter,
+    _decoded,
+    produce_answer,
+    produce_response,
+)
+from proxy.kafka.api_keys import ApiKey
+from proxy.kafka.schemas import DECODABLE_VERSIONS, decode_request_body, decode_response_body
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import encode_request
 from proxy.kafka.wire import FrameError, parse_request_header
-from proxy.runtime.chain import RequestFrame, Respond
+from proxy.runtime.chain import EncodedResponse, LocalAnswer, RequestFrame, Respond, encode_response
 from tests.support.raw import produce_request
 from tests.support.threads import record_to_thread
 
@@ -124,7 +140,7 @@ def test_the_answer_is_the_produce_response_of_the_write() -> None:
         engine.release.set()
         return await decision.answer
 
-    response = asyncio.run(scenario())
+    response = as_read(asyncio.run(scenario()), 9)  # `frame_of` writes Produce v9
     (topic,) = response.responses
     (partition,) = topic.partition_responses
     assert (str(topic.name), int(partition.index), int(partition.base_offset)) == ("t", 0, 5)
@@ -152,3 +168,98 @@ def test_a_failed_write_fails_the_answer_with_its_error() -> None:
             await decision.answer
 
     asyncio.run(scenario())
+
+
+# ----------------------------------------------------------------------------- the answer's bytes
+
+# Every version a client may send through the proxy (`DECODABLE_VERSIONS`: up to v12).
+PRODUCE_VERSIONS = range(
+    DECODABLE_VERSIONS[ApiKey.PRODUCE].min, DECODABLE_VERSIONS[ApiKey.PRODUCE].max + 1
+)
+
+
+def as_read(answer: LocalAnswer, version: int) -> Any:
+    """A local answer as the client reads it: the kio entity of its bytes."""
+    if isinstance(answer, EncodedResponse):
+        return decode_response_body(ApiKey.PRODUCE, version, answer.body, 0)
+    return answer
+
+
+def kio_frame_of(correlation_id: int, response: Any) -> bytes:
+    """The response as kio's own writer writes it, header and body."""
+    buffer = io.BytesIO()
+    entity_writer(type(response))(buffer, response)
+    tagged = b"\x00" if type(response).__header_schema__.__flexible__ else b""
+    return correlation_id.to_bytes(4, "big") + tagged + buffer.getvalue()
+
+
+def request_naming(parts: Sequence[tuple[str, int]]) -> Any:
+    """What the answer reads of a Produce request: its topics and partitions, in order (a
+    topic or partition may be named twice)."""
+    return SimpleNamespace(
+        topic_data=[
+            SimpleNamespace(name=topic, partition_data=[SimpleNamespace(index=partition)])
+            for topic, partition in parts
+        ]
+    )
+
+
+_answers = st.builds(
+    PartitionAnswer,
+    error_code=st.sampled_from([int(code) for code in ErrorCode]),
+    base_offset=st.integers(-1, 2**63 - 1),
+    log_append_time_ms=st.one_of(st.just(-1), st.integers(0, 4_102_444_800_000)),
+    log_start_offset=st.integers(-1, 2**63 - 1),
+    error_message=st.one_of(st.none(), st.text(max_size=12)),
+)
+
+
+@given(
+    version=st.sampled_from(PRODUCE_VERSIONS),
+    parts=st.lists(
+        st.tuples(st.sampled_from(["orders", "t", "ü-topic"]), st.integers(0, 3)),
+        min_size=1,
+        max_size=6,
+    ),
+    answers=st.lists(_answers, min_size=16, max_size=16),
+)
+def test_the_answer_is_written_as_kio_writes_its_produce_response(
+    version: int, parts: list[tuple[str, int]], answers: list[PartitionAnswer]
+) -> None:
+    """The proxy's answer to a Produce, written without a kio entity, is byte for byte what
+    kio writes for the ProduceResponse of the same answers, in every version: one entry per
+    topic and partition however often the request named them, in the request's order."""
+    by_partition = {key: answers[n] for n, key in enumerate(sorted(set(parts)))}
+    request = request_naming(parts)
+    answer = produce_answer(version, by_partition, request)
+    expected = kio_frame_of(7, produce_response(version, by_partition, request))
+    assert encode_response(7, answer) == expected
+
+
+def test_a_redirect_is_answered_with_the_kip_951_fields_kio_writes() -> None:
+    owner = Redirect("b", Node(2001, Endpoint("b-host", 9193)), 5)
+    answers = {("t", 0): PartitionAnswer(ErrorCode.not_leader_or_follower, redirect=owner)}
+    answer = produce_answer(10, answers, request_naming([("t", 0)]))
+    assert not isinstance(answer, EncodedResponse)
+    (part,) = as_read(answer, 10).responses[0].partition_responses
+    assert int(part.current_leader.leader_id) == 2001
+
+
+@pytest.mark.parametrize("version", [3, 9, 12])
+def test_the_log_append_time_kafka_answered_reaches_the_client(version: int) -> None:
+    """A topic of `message.timestamp.type=LogAppendTime`: Kafka answers the time it
+    appended the records, and the client's record metadata carries it; -1 otherwise."""
+    appended = 1_764_000_000_123
+    answers = {
+        ("t", 0): PartitionAnswer(base_offset=10, log_append_time_ms=appended),
+        ("t", 1): PartitionAnswer(base_offset=11),
+    }
+    for answer in (
+        produce_answer(version, answers, request_naming([("t", 0), ("t", 1)])),
+        produce_response(version, answers, request_naming([("t", 0), ("t", 1)])),
+    ):
+        first, second = as_read(answer, version).responses[0].partition_responses
+        assert first.log_append_time == datetime.datetime.fromtimestamp(
+            appended / 1000, tz=datetime.UTC
+        )
+        assert second.log_append_time is None  # -1 on the wire
