@@ -164,7 +164,8 @@ LocalAnswer = ResponsePayload | EncodedResponse
 @dataclass(frozen=True, slots=True)
 class Respond:
     """Answer the client without Kafka. The answer may come later (the future); answers
-    still go back in request order. The entity's own class fixes its version and header."""
+    still go back in request order. An entity's own class fixes its version and header;
+    an `EncodedResponse` says which header it takes."""
 
     answer: asyncio.Future[LocalAnswer]
 

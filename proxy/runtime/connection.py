@@ -76,7 +76,8 @@ class ClientClosedByFilter(Exception):
 @dataclass(slots=True)
 class _Pending:
     header: RequestHeader
-    # Kafka's answer (raw payload), or else the answer a filter makes itself (an entity)
+    # Kafka's answer (raw payload), or else the answer a filter makes itself (an entity, or
+    # its body written already)
     upstream: asyncio.Future[bytes] | None
     local: asyncio.Future[LocalAnswer] | None = None
     started: float = field(default_factory=time.perf_counter)
