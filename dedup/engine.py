@@ -638,7 +638,7 @@ class DedupEngine:
                 self._refuse(item, _not_written("dedup state unavailable"))
             return
         for item, verdict in zip(checked, verdicts, strict=True):
-            if self._behind_a_refusal(item, item.state):
+            if self._behind_a_refusal(item):
                 # One ahead of it was refused after this check went out (serially it would
                 # have been refused at the gate): refused, and what its check pushed undone.
                 if not verdict.lost:
@@ -796,7 +796,7 @@ class DedupEngine:
         """Wait while the partition recovers or settles a failed write."""
         state = item.state
         while True:
-            if self._behind_a_refusal(item, state):
+            if self._behind_a_refusal(item):
                 item.answer = _not_written(
                     "an earlier request to this partition was not written; retry in order"
                 )
@@ -948,10 +948,9 @@ class DedupEngine:
     def _still_wanted(self, item: _Work) -> Callable[[], bool]:
         """Asked by the writer as the batch takes its sequence: a write ahead of it in line
         may have failed since its check, and it must not overtake that one's retry."""
-        state = item.state
 
         def wanted() -> bool:
-            return not self._behind_a_refusal(item, state)
+            return not self._behind_a_refusal(item)
 
         return wanted
 
@@ -1085,10 +1084,10 @@ class DedupEngine:
         item.state.refuse_behind(item.reach, item.connection, producers)
 
     @staticmethod
-    def _behind_a_refusal(item: _Work, state: PartitionState) -> bool:
+    def _behind_a_refusal(item: _Work) -> bool:
         """Whether a refusal ahead of it in line refuses this request too; if so it is
         marked `behind`, and its own refusal reaches as far as that one's."""
-        reach = state.refuses(item.number, item.connection, item.producers)
+        reach = item.state.refuses(item.number, item.connection, item.producers)
         if reach is None:
             return False
         metrics.REFUSED_BEHIND.labels(reach.value).inc()
