@@ -535,6 +535,11 @@ def proxy_that_wrote(
         restartable.stop()
 
 
+def holds(restartable: RestartableProxy, topic: str) -> bool:
+    """Whether the proxy holds the lease of the topic's partition 0."""
+    return f"{topic}/0" in proxy_json(restartable, "/v1/ownership")["held"]
+
+
 def test_a_deleted_topics_partition_is_given_up_and_taken_anew_once_created_again(
     local_env: EnvInfo, tmp_path: Path
 ) -> None:
@@ -546,13 +551,11 @@ def test_a_deleted_topics_partition_is_given_up_and_taken_anew_once_created_agai
     Created again, the topic starts afresh: the same producer's sequence 0 is new."""
     bootstrap = local_env.bootstrap
     with proxy_that_wrote(local_env, tmp_path, watch_s=1) as (restartable, proxy, topic):
-
-        def held() -> bool:
-            return f"{topic}/0" in proxy_json(restartable, "/v1/ownership")["held"]
-
-        assert held()
+        assert holds(restartable, topic)
         delete_topic(bootstrap, topic)
-        wait_until(lambda: not held(), 30, "the deleted topic's partition given up")
+        wait_until(
+            lambda: not holds(restartable, topic), 30, "the deleted topic's partition given up"
+        )
         assert metric_total(proxy, "dedup_topic_deleted_total") == 1
         request = produce_request(topic, {0: explicit_batch([("p-deleted", 10)])})
         wait_until(
@@ -561,7 +564,7 @@ def test_a_deleted_topics_partition_is_given_up_and_taken_anew_once_created_agai
             "a request to the deleted topic answered as Kafka answers it",
         )
         time.sleep(3)  # three watch periods, and more than the recoveries' first pauses
-        assert not held()
+        assert not holds(restartable, topic)
         assert metric_total(proxy, 'dedup_recoveries_total{result="failed"}') == 0
         rows = proxy_json(restartable, "/v1/snapshots")["partitions"]
         assert [p["recovery_failing"] for p in rows if p["topic"] == topic] in ([], [None])
@@ -582,11 +585,7 @@ def test_a_recovery_that_finds_the_topic_deleted_is_not_retried(
     was retried every 30 s for as long as the proxy ran, and `dedup_recoveries_failing`
     stayed above 0; then, the lease was kept until the watch's next look."""
     with proxy_that_wrote(local_env, tmp_path, watch_s=3600) as (restartable, proxy, topic):
-
-        def held() -> bool:
-            return f"{topic}/0" in proxy_json(restartable, "/v1/ownership")["held"]
-
-        assert held()
+        assert holds(restartable, topic)
         delete_topic(local_env.bootstrap, topic)
         again = produce_request(topic, {0: explicit_batch([("p-deleted", 5)])})  # a duplicate
         assert produce_raw(proxy, again).error_code == UNKNOWN_TOPIC_OR_PARTITION
@@ -595,13 +594,15 @@ def test_a_recovery_that_finds_the_topic_deleted_is_not_retried(
             30,
             "the recovery found the topic deleted",
         )
-        wait_until(lambda: not held(), 10, "the deleted topic's partition given up")
+        wait_until(
+            lambda: not holds(restartable, topic), 10, "the deleted topic's partition given up"
+        )
         time.sleep(3)  # more than the first retry pauses (0.5 s, doubling)
         assert metric_total(proxy, 'dedup_recoveries_total{result="topic_deleted"}') == 1
         assert metric_total(proxy, 'dedup_recoveries_total{result="failed"}') == 0
         assert metric_total(proxy, "dedup_recoveries_failing") == 0
         assert metric_total(proxy, "dedup_topic_deleted_total") == 1
-        assert not held()
+        assert not holds(restartable, topic)
 
 
 def test_a_topic_that_does_not_exist_is_answered_unknown_beside_one_that_is_written(
