@@ -35,22 +35,22 @@ caller keeps a later request from overtaking the retry of an earlier one that fa
 from __future__ import annotations
 
 import asyncio
-import datetime
-import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
-import kio.schema.produce.v11.request as produce_request
 import structlog
 from kio.schema.errors import ErrorCode
-from kio.schema.types import TopicName
-from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from dedup.fencing import ProducerIdentity
 from proxy.kafka.error_codes import error_code
-from proxy.kafka.produce_codec import RecordBytes
+from proxy.kafka.produce_codec import (
+    RecordBytes,
+    WriterPartitionData,
+    WriterProduceRequest,
+    WriterTopicData,
+)
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import LinkClosed
 
@@ -244,9 +244,12 @@ class IdempotentWriter:
         (Kafka would keep only the last of them).
         """
         keys = [(batch.topic, batch.partition) for batch in batches]
-        if len(set(keys)) < len(keys):
-            raise ValueError("one batch per partition and request: Kafka keeps only the last")
-        ordered = sorted(range(len(batches)), key=keys.__getitem__)
+        if len(keys) == 1:  # the usual write: one partition
+            ordered = [0]
+        else:
+            if len(set(keys)) < len(keys):
+                raise ValueError("one batch per partition and request: Kafka keeps only the last")
+            ordered = sorted(range(len(batches)), key=keys.__getitem__)
         partitions = [self._partition(*keys[i]) for i in ordered]
         acquired: list[_Partition] = []
         try:
@@ -303,7 +306,7 @@ class IdempotentWriter:
             for lane, request in requests.items()
             if request is not None
         ]
-        return asyncio.ensure_future(
+        return asyncio.get_running_loop().create_task(
             self._complete(batches, ordered, partitions, entries, sent, timeout_ms)
         )
 
@@ -330,7 +333,7 @@ class IdempotentWriter:
         link: ProduceLink,
         broker: Endpoint,
         lane: int,
-        request: produce_request.ProduceRequest,
+        request: WriterProduceRequest,
         items: Sequence[tuple[BatchToWrite, RecordBytes]],
     ) -> _Sent:
         """Send one Produce request; its bytes count on the lane until it is answered."""
@@ -585,33 +588,21 @@ class IdempotentWriter:
 
     def _produce_request(
         self, items: Sequence[tuple[BatchToWrite, RecordBytes]], timeout_ms: int
-    ) -> produce_request.ProduceRequest | None:
+    ) -> WriterProduceRequest | None:
         """The Produce request for these batches; None when there is none to send."""
         if not items:
             return None
-        # kio's phantom types (i32, Records, TopicName) are their values at run time; their
-        # constructors only validate. The values here are valid by construction (a partition
-        # and topic of a decoded request, the writer's own bytes), so they are cast, not
-        # validated again on every request.
-        topics: dict[str, list[produce_request.PartitionProduceData]] = {}
+        if len(items) == 1:  # the usual write: one partition
+            batch, data = items[0]
+            partition = WriterPartitionData(batch.partition, data)
+            return WriterProduceRequest(timeout_ms, (WriterTopicData(batch.topic, (partition,)),))
+        topics: dict[str, list[WriterPartitionData]] = {}
         for batch, data in items:
-            topics.setdefault(batch.topic, []).append(
-                produce_request.PartitionProduceData(
-                    index=cast(i32, batch.partition),
-                    # Pieces as they are: the request is written unjoined (`RecordPieces`).
-                    records=cast(Records, data),
-                )
-            )
-        return produce_request.ProduceRequest(
-            transactional_id=None,
-            acks=_ACKS_ALL,
-            timeout=_request_timeout(timeout_ms),
-            topic_data=tuple(
-                produce_request.TopicProduceData(
-                    name=cast(TopicName, name), partition_data=tuple(parts)
-                )
-                for name, parts in topics.items()
-            ),
+            # Pieces as they are: the request is written unjoined (`RecordPieces`).
+            topics.setdefault(batch.topic, []).append(WriterPartitionData(batch.partition, data))
+        return WriterProduceRequest(
+            timeout_ms,
+            tuple(WriterTopicData(name, tuple(parts)) for name, parts in topics.items()),
         )
 
     async def _await_answer(
@@ -679,15 +670,6 @@ class IdempotentWriter:
         if state is None:
             state = self._partitions[key] = _Partition()
         return state
-
-
-_ACKS_ALL = i16(-1)  # idempotent writes require acks=all
-
-
-@functools.lru_cache(maxsize=64)
-def _request_timeout(timeout_ms: int) -> i32Timedelta:
-    """The request's timeout as kio holds it; clients send a handful of distinct values."""
-    return i32Timedelta.parse(datetime.timedelta(milliseconds=timeout_ms))
 
 
 def _expire(answer: asyncio.Future[Any]) -> None:

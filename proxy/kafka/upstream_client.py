@@ -31,9 +31,9 @@ from kio.static.primitive import i32
 
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.produce_codec import (
-    LEAN_PRODUCE_REQUEST,
     RecordBytes,
     RecordPieces,
+    is_lean_produce_request,
     produce_request_v11_frame,
     produce_request_v11_parts,
 )
@@ -62,7 +62,7 @@ def records_for_request(parts: Sequence[bytes | memoryview]) -> RecordBytes:
 
 def encode_request(payload: Any, correlation_id: int, client_id: str = CLIENT_ID) -> bytes:
     """A whole request frame (size, header, body) for a kio request entity."""
-    if type(payload) is LEAN_PRODUCE_REQUEST:  # the writer's Produce: the same bytes, faster
+    if is_lean_produce_request(payload):  # the writer's Produce: the same bytes, faster
         return produce_request_v11_frame(payload, correlation_id, client_id)
     header_type = payload.__header_schema__
     header = header_type(
@@ -232,7 +232,7 @@ class UpstreamClient:
 
 def _request_parts(payload: Any, correlation_id: int) -> list[bytes | memoryview]:
     """A request frame in parts: the writer's Produce unjoined, any other whole."""
-    if type(payload) is LEAN_PRODUCE_REQUEST:
+    if is_lean_produce_request(payload):
         return produce_request_v11_parts(payload, correlation_id, CLIENT_ID)
     return [encode_request(payload, correlation_id)]
 

@@ -28,6 +28,10 @@ from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.produce_codec import (
     LEAN_PRODUCE_REQUEST,
     LEAN_PRODUCE_RESPONSES,
+    RecordPieces,
+    WriterPartitionData,
+    WriterProduceRequest,
+    WriterTopicData,
     encode_produce_request_v11,
     encode_produce_response,
     produce_request_v11_frame,
@@ -113,6 +117,59 @@ def test_a_produce_request_frame_is_the_one_kio_writes(
     assert encode_request(request, correlation_id, client_id or "") == kio_frame(
         request, correlation_id, client_id or ""
     )
+
+
+# The writer's records: bytes, or pieces (a new batch header and a view of the client's
+# records) that are written one after the other.
+writer_records = st.binary(max_size=300) | st.lists(st.binary(max_size=100), max_size=3).map(
+    lambda pieces: RecordPieces([memoryview(piece) for piece in pieces])
+)
+
+
+@st.composite
+def writer_requests(
+    draw: st.DrawFn,
+) -> tuple[WriterProduceRequest, produce_v11.ProduceRequest]:
+    """A writer's request, and kio's request of the same values."""
+    timeout_ms = draw(int32s)
+    topics = draw(
+        st.lists(st.tuples(names, st.lists(st.tuples(int32s, writer_records), max_size=4)))
+    )
+    ours = WriterProduceRequest(
+        timeout_ms,
+        tuple(
+            WriterTopicData(name, tuple(WriterPartitionData(i, data) for i, data in parts))
+            for name, parts in topics
+        ),
+    )
+    kios = produce_v11.ProduceRequest(
+        transactional_id=None,
+        acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=timeout_ms)),
+        topic_data=tuple(
+            produce_v11.TopicProduceData(
+                name=TopicName(name),
+                partition_data=tuple(
+                    produce_v11.PartitionProduceData(index=i32(i), records=Records(bytes(data)))
+                    for i, data in parts
+                ),
+            )
+            for name, parts in topics
+        ),
+    )
+    return ours, kios
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests=writer_requests(), correlation_id=int32s)
+def test_the_writers_request_is_written_as_kio_writes_its_produce_request(
+    requests: tuple[WriterProduceRequest, produce_v11.ProduceRequest], correlation_id: int
+) -> None:
+    ours, kios = requests
+    expected = kio_frame(kios, correlation_id, "dedup-proxy")
+    assert produce_request_v11_frame(ours, correlation_id, "dedup-proxy") == expected
+    assert encode_request(ours, correlation_id, "dedup-proxy") == expected
+    assert encode_produce_request_v11(ours) == kio_bytes(kios)
 
 
 def test_large_records_and_names_get_multibyte_lengths() -> None:
