@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from deploy.chaos.classify import RunResult
 from deploy.chaos.producers import Client
@@ -108,7 +109,9 @@ def test_implicit_identity_clients_through_kill_tcp(
 def test_chaos_command_writes_the_seed_csv_and_a_plot(
     topology: ChaosTopology, tmp_path: Path
 ) -> None:
-    """The command line end to end (on the environment the module brought up)."""
+    """The command line end to end (on the environment the module brought up); the run's
+    topic is deleted once read back."""
+    before = _chaos_topics(topology)
     done = subprocess.run(
         [
             *(sys.executable, "-m", "dedup", "chaos", "run", "--scenario", "kill-proxy"),
@@ -127,3 +130,10 @@ def test_chaos_command_writes_the_seed_csv_and_a_plot(
     )
     assert csv_text.splitlines()[1] == "true,1,20000,20000,20000,0,20000,0,0,0,0,0,0,0"
     assert (tmp_path / "kill-proxy" / "test-kill-proxy.png").stat().st_size > 0
+    left = _chaos_topics(topology) - before
+    assert not left, f"the run left its topic behind: {sorted(left)}"
+
+
+def _chaos_topics(topology: ChaosTopology) -> set[str]:
+    admin = AdminClient({"bootstrap.servers": topology.kafka_bootstrap})
+    return {name for name in admin.list_topics(timeout=30).topics if name.startswith("chaos-")}

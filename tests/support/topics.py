@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 
-from deploy.topics import create_topic
+from deploy.topics import create_topic, delete_topic
 
 
 def new_topic(
@@ -34,11 +33,6 @@ def delete_and_create_again(bootstrap: str, topic: str, partitions: int = 1) -> 
     log), returned once the new one is served."""
     delete_topic(bootstrap, topic)
     create_again(bootstrap, topic, partitions)
-
-
-def delete_topic(bootstrap: str, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.delete_topics([topic])[topic].result(30)
 
 
 def create_again(bootstrap: str, topic: str, partitions: int = 1) -> None:
