@@ -17,10 +17,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Final
 
-import kio.schema.request_header.v2.header as request_header_v2
 from kio.index import load_response_schema
 from kio.schema.index import api_key_map, schema_name_map
-from kio.schema.produce.v11.request import ProduceRequest as ProduceRequestV11
 from kio.serial import entity_writer
 from kio.static.constants import EntityType
 
@@ -90,22 +88,12 @@ def _kio_body(entity: Any) -> bytes:
 
 # --- ProduceRequest v11, the one the proxy's idempotent writer sends upstream ---------------
 
-_REQUEST_KNOWN = (
-    _field_names(ProduceRequestV11) == ("transactional_id", "acks", "timeout", "topic_data")
-    and ProduceRequestV11.__header_schema__ is request_header_v2.RequestHeader
-)
-# The request type the lean encoder writes; None if kio's v11 is not the layout it knows.
-LEAN_PRODUCE_REQUEST: Final[type[ProduceRequestV11] | None] = (
-    ProduceRequestV11 if _REQUEST_KNOWN else None
-)
-_V11_HEADER_PREFIX = (ProduceRequestV11.__api_key__, ProduceRequestV11.__version__)
-
 
 class RecordPieces:
     """A partition's record bytes kept in pieces (a batch's new header, a view of the
     client's records), for a request that is written to the socket piece by piece: joined,
-    a 32 MB batch is a copy of some 25 ms on the event loop. In place of `Records` in the
-    writer's requests; the encoders below write the pieces in a row."""
+    a 32 MB batch is a copy of some 25 ms on the event loop. The records of a
+    `WriterPartitionData`, as bytes are; the encoder below writes the pieces in a row."""
 
     __slots__ = ("pieces", "size")
 
@@ -155,14 +143,8 @@ class WriterProduceRequest:
     topic_data: tuple[WriterTopicData, ...]
 
 
-def is_lean_produce_request(payload: object) -> bool:
-    """Whether `produce_request_v11_parts` writes this request (else kio does)."""
-    kind = type(payload)
-    return kind is WriterProduceRequest or kind is LEAN_PRODUCE_REQUEST
-
-
 def produce_request_v11_frame(
-    request: ProduceRequestV11 | WriterProduceRequest, correlation_id: int, client_id: str | None
+    request: WriterProduceRequest, correlation_id: int, client_id: str | None
 ) -> bytes:
     """A whole frame: size, request header v2 and body, as kio writes them."""
     # One join copies the records once (a 32 MB copy is some 15 ms of the event loop).
@@ -170,12 +152,12 @@ def produce_request_v11_frame(
 
 
 def produce_request_v11_parts(
-    request: ProduceRequestV11 | WriterProduceRequest, correlation_id: int, client_id: str | None
+    request: WriterProduceRequest, correlation_id: int, client_id: str | None
 ) -> list[bytes | memoryview]:
     """The frame in parts, the records (or their pieces) among them as they are."""
     parts: list[bytes | memoryview] = [
         b"",  # the size, once known
-        _REQUEST_HEADER.pack(*_V11_HEADER_PREFIX, correlation_id),
+        _REQUEST_HEADER.pack(request.__api_key__, request.__version__, correlation_id),
         _legacy_string(client_id),  # client_id is a legacy string in every header version
         _NO_TAGS,
     ]
@@ -184,7 +166,7 @@ def produce_request_v11_parts(
     return parts
 
 
-def encode_produce_request_v11(request: ProduceRequestV11 | WriterProduceRequest) -> bytes:
+def encode_produce_request_v11(request: WriterProduceRequest) -> bytes:
     """The request body alone."""
     parts: list[bytes | memoryview] = []
     _append_produce_request_v11(parts, request)
@@ -192,30 +174,24 @@ def encode_produce_request_v11(request: ProduceRequestV11 | WriterProduceRequest
 
 
 def _append_produce_request_v11(
-    parts: list[bytes | memoryview], request: ProduceRequestV11 | WriterProduceRequest
+    parts: list[bytes | memoryview], request: WriterProduceRequest
 ) -> None:
     append = parts.append
     append(_compact_string(request.transactional_id))
-    if isinstance(request, WriterProduceRequest):
-        timeout_ms = request.timeout_ms
-    else:
-        timeout_ms = _millis(request.timeout)
-    append(_ACKS_TIMEOUT.pack(request.acks, timeout_ms))
+    append(_ACKS_TIMEOUT.pack(request.acks, request.timeout_ms))
     append(_compact_length(request.topic_data))
-    for topic in request.topic_data or ():
+    for topic in request.topic_data:
         append(_compact_string(topic.name))
         append(_compact_length(topic.partition_data))
-        for partition in topic.partition_data or ():
+        for partition in topic.partition_data:
             append(_INT32.pack(partition.index))
-            records: Any = partition.records  # Records, or RecordPieces from the writer
-            if records is None:
-                append(_NO_TAGS)
-            else:  # the records as they are: no copy before the final join
-                append(_uvarint(len(records) + 1))
-                if type(records) is RecordPieces:
-                    parts.extend(records.pieces)
-                else:
-                    append(records)
+            records = partition.records
+            # The records as they are (pieces in a row): no copy before the final join.
+            append(_uvarint(len(records) + 1))
+            if isinstance(records, RecordPieces):
+                parts.extend(records.pieces)
+            else:
+                append(records)
             append(_NO_TAGS)
         append(_NO_TAGS)
     append(_NO_TAGS)

@@ -6,17 +6,18 @@ Kafka)."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import itertools
-from typing import Any, cast
+from typing import Any
 
-import kio.schema.produce.v11.request as produce_v11
 import pytest
-from kio.schema.types import TopicName
-from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from proxy.kafka import upstream_client
-from proxy.kafka.produce_codec import RecordPieces
+from proxy.kafka.produce_codec import (
+    RecordPieces,
+    WriterPartitionData,
+    WriterProduceRequest,
+    WriterTopicData,
+)
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import (
     QUEUED_FROM_BYTES,
@@ -32,22 +33,10 @@ pytestmark = pytest.mark.unit
 QUEUED_FROM = 1000  # record bytes from which a request is written by the queue
 
 
-def produce(records: bytes | RecordPieces) -> produce_v11.ProduceRequest:
-    if isinstance(records, bytes):
-        records = Records(records)
-    return produce_v11.ProduceRequest(
-        transactional_id=None,
-        acks=i16(-1),
-        timeout=i32Timedelta.parse(datetime.timedelta(seconds=5)),
-        topic_data=(
-            produce_v11.TopicProduceData(
-                name=TopicName("t"),
-                partition_data=(
-                    produce_v11.PartitionProduceData(index=i32(0), records=cast(Any, records)),
-                ),
-            ),
-        ),
-    )
+def produce(records: bytes | RecordPieces) -> WriterProduceRequest:
+    """A Produce request as the proxy's writer sends it."""
+    partition = WriterPartitionData(0, records)
+    return WriterProduceRequest(5_000, (WriterTopicData("t", (partition,)),))
 
 
 def request_correlation_id(payload: bytes) -> int:
