@@ -165,7 +165,9 @@ def _java(
     """Kafka's VerifiableProducer: one JSON line per acknowledgement on stdout. It has no
     cap on unacknowledged messages; `buffer.memory` bounds them instead (about 10,000
     records of this size)."""
-    properties = work_dir / f"java-producer-{uuid.uuid4().hex[:8]}.properties"
+    # One file per dedup setting, written again each run: what the runs used, kept beside
+    # their results once (the settings do not change from run to run).
+    properties = work_dir / f"java-producer-dedup-{'on' if dedup else 'off'}.properties"
     properties.write_text(
         "\n".join(
             [
