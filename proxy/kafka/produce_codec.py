@@ -92,8 +92,8 @@ def _kio_body(entity: Any) -> bytes:
 class RecordPieces:
     """A partition's record bytes kept in pieces (a batch's new header, a view of the
     client's records), for a request that is written to the socket piece by piece: joined,
-    a 32 MB batch is a copy of some 25 ms on the event loop. The records of a
-    `WriterPartitionData`, as bytes are; the encoder below writes the pieces in a row."""
+    a 32 MB batch is a copy of some 25 ms on the event loop. In a `WriterPartitionData` in
+    place of bytes; the encoder below writes the pieces in a row."""
 
     __slots__ = ("pieces", "size")
 

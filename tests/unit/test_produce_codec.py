@@ -66,7 +66,6 @@ def kio_frame(request: Any, correlation_id: int, client_id: str | None) -> bytes
 
 names = st.text(max_size=30)  # any Unicode but lone surrogates, which kio cannot encode
 optional_names = st.none() | names
-int16s = st.integers(-(2**15), 2**15 - 1)
 int32s = st.integers(-(2**31), 2**31 - 1)
 int64s = st.integers(-(2**63), 2**63 - 1)
 # Whole milliseconds: what survives kio's decoding (sub-millisecond rounding has its own test).
@@ -122,27 +121,27 @@ def writer_requests(
 
 
 @settings(max_examples=300, deadline=None)
-@given(requests=writer_requests(), correlation_id=int32s)
+@given(requests=writer_requests(), correlation_id=int32s, client_id=optional_names)
 def test_the_writers_request_is_written_as_kio_writes_its_produce_request(
-    requests: tuple[WriterProduceRequest, produce_v11.ProduceRequest], correlation_id: int
+    requests: tuple[WriterProduceRequest, produce_v11.ProduceRequest],
+    correlation_id: int,
+    client_id: str | None,
 ) -> None:
     ours, kios = requests
-    expected = kio_frame(kios, correlation_id, "dedup-proxy")
-    assert produce_request_v11_frame(ours, correlation_id, "dedup-proxy") == expected
-    assert encode_request(ours, correlation_id, "dedup-proxy") == expected
+    expected = kio_frame(kios, correlation_id, client_id)
+    assert produce_request_v11_frame(ours, correlation_id, client_id) == expected
     assert encode_produce_request_v11(ours) == kio_bytes(kios)
+    # The proxy's own path: encode_request takes the hand encoder for the writer's request.
+    assert encode_request(ours, correlation_id, client_id or "") == kio_frame(
+        kios, correlation_id, client_id or ""
+    )
 
 
 def test_large_records_and_names_get_multibyte_lengths() -> None:
     records = bytes(range(256)) * 300
-    ours = WriterProduceRequest(
-        30_000,
-        (
-            WriterTopicData(
-                "ü" * 150, (WriterPartitionData(7, RecordPieces([records[:9], records[9:]])),)
-            ),
-        ),
-    )
+    pieces = RecordPieces([records[:9], records[9:]])  # a new header, the client's records
+    partition = WriterPartitionData(7, pieces)
+    ours = WriterProduceRequest(30_000, (WriterTopicData("ü" * 150, (partition,)),))
     kios = produce_v11.ProduceRequest(
         transactional_id=None,
         acks=i16(-1),
