@@ -1,5 +1,6 @@
 """A three-broker cluster behind the proxy: the partition leader dies under load and returns;
-a consumer that names its rack reads from its rack's replica (each broker has a rack).
+a consumer that names its rack reads from its rack's replica (each broker has a rack); a
+share group reads through a group of instances.
 
 Runs on its own local environment (own state home and ports), so the single-broker one the
 other tests share is left alone; it is stopped again at the end to give back its memory.
@@ -13,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
@@ -231,25 +233,8 @@ def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_a_group(
     it knows, and read everything from the follower through it."""
     _, info = three_brokers
     topic, follower, total = written_with_a_follower(info)
-    prefix = f"racks-{uuid.uuid4().hex[:8]}"
-    group = [
-        cluster_proxy(
-            info,
-            tmp_path,
-            ports,
-            f"inst-{i}",
-            DEDUP_PROXY_REDIS_KEY_PREFIX=prefix,
-            DEDUP_PROXY_INSTANCE_ID=f"{prefix}-{i}",
-            DEDUP_PROXY_HEARTBEAT_S="0.5",
-        )
-        for i, ports in enumerate([CLUSTER_PROXY, CLUSTER_SIDECARS[0]])
-    ]
+    group = balanced_pair(info, tmp_path, "racks")
     try:
-        wait_until(
-            lambda: all(len(admin_call(p, "GET", "/v1/ownership")["members"]) == 2 for p in group),
-            30,
-            "both instances see each other",
-        )
         java = subprocess.run(
             java_tool_command(
                 "org.apache.kafka.tools.consumer.ConsoleConsumer",
@@ -293,6 +278,97 @@ def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_one_instance
         assert fetched_from == follower, f"read from node {fetched_from}, not the follower"
     finally:
         assert proxy.stop() == 0
+
+
+def test_a_share_group_reads_every_record_once_through_a_group(
+    three_brokers: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
+) -> None:
+    """KIP-932 share groups through two instances in balanced placement: Kafka's own
+    VerifiableShareConsumer, bootstrapped at one instance, finds its share group's
+    coordinator, joins (ShareGroupHeartbeat), fetches each partition from its leader through
+    the node the group names for it (ShareFetch) and acknowledges what it read
+    (ShareAcknowledge, or the acknowledgements a ShareFetch carries). Every record written
+    through the other instance, with dedup, is read and acknowledged exactly once."""
+    _, info = three_brokers
+    partitions, per_partition = 3, 200
+    topic = new_topic(info.bootstrap, partitions=partitions, replication_factor=3)
+    group = balanced_pair(info, tmp_path, "share")
+    try:
+        producer = Producer(
+            {"bootstrap.servers": group[0].bootstrap, "enable.idempotence": True, "acks": "all"}
+        )
+        failed: list[object] = []
+        for partition in range(partitions):
+            for i in range(per_partition):
+                producer.produce(
+                    topic,
+                    f"{partition}-{i}".encode(),
+                    partition=partition,
+                    on_delivery=lambda error, _: failed.append(error) if error else None,
+                )
+        assert producer.flush(60) == 0 and not failed, failed
+        java = subprocess.run(
+            java_tool_command(
+                "org.apache.kafka.tools.VerifiableShareConsumer",
+                *("--bootstrap-server", group[1].bootstrap, "--topic", topic),
+                *("--group-id", f"share-{uuid.uuid4().hex[:8]}"),
+                *("--max-messages", str(partitions * per_partition)),
+                *("--offset-reset-strategy", "earliest", "--acknowledgement-mode", "sync"),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,  # some 10 s when it works
+        )
+        assert java.returncode == 0, java.stderr[-3000:]
+        events = [json.loads(line) for line in java.stdout.splitlines() if line.startswith("{")]
+        read = offsets_by_partition(events, "records_consumed")
+        acknowledged = offsets_by_partition(events, "offsets_acknowledged")
+        expected = {partition: list(range(per_partition)) for partition in range(partitions)}
+        assert read == expected, f"read {read}; stderr: {java.stderr[-2000:]}"
+        assert acknowledged == expected
+        assert all(e.get("success", True) for e in events), events
+    finally:
+        for proxy in group:
+            assert proxy.stop() == 0
+
+
+def offsets_by_partition(events: list[dict[str, Any]], name: str) -> dict[int, list[int]]:
+    """The offsets VerifiableShareConsumer reported under `name`, per partition, sorted
+    (a record delivered twice appears twice)."""
+    offsets: dict[int, list[int]] = {}
+    for event in events:
+        if event["name"] == name:
+            for part in event["partitions"]:
+                offsets.setdefault(part["partition"], []).extend(part["offsets"])
+    return {partition: sorted(found) for partition, found in sorted(offsets.items())}
+
+
+def balanced_pair(info: EnvInfo, log_dir: Path, name: str) -> list[ProxyProcess]:
+    """Two instances in one group (balanced placement), each seeing the other."""
+    prefix = f"{name}-{uuid.uuid4().hex[:8]}"
+    group = [
+        cluster_proxy(
+            info,
+            log_dir,
+            ports,
+            f"inst-{i}",
+            DEDUP_PROXY_REDIS_KEY_PREFIX=prefix,
+            DEDUP_PROXY_INSTANCE_ID=f"{prefix}-{i}",
+            DEDUP_PROXY_HEARTBEAT_S="0.5",
+        )
+        for i, ports in enumerate([CLUSTER_PROXY, CLUSTER_SIDECARS[0]])
+    ]
+    try:
+        wait_until(
+            lambda: all(len(admin_call(p, "GET", "/v1/ownership")["members"]) == 2 for p in group),
+            30,
+            "both instances see each other",
+        )
+    except BaseException:
+        for proxy in group:
+            proxy.stop()
+        raise
+    return group
 
 
 def written_with_a_follower(info: EnvInfo, total: int = 300) -> tuple[str, int, int]:
