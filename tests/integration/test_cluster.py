@@ -1,6 +1,6 @@
 """A three-broker cluster behind the proxy: the partition leader dies under load and returns;
-a consumer that names its rack reads from its rack's replica (each broker has a rack); a
-share group reads through a group of instances.
+a consumer that names its rack reads from its rack's replica (each broker has a rack), through
+a group of instances, one instance or sidecars; a share group reads through a group.
 
 Runs on its own local environment (own state home and ports), so the single-broker one the
 other tests share is left alone; it is stopped again at the end to give back its memory.
@@ -27,12 +27,13 @@ from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
 from tests.support.kafka_io import assert_exactly_once_in_order, consume_confluent, values
 from tests.support.load import BackgroundProducer, SequencedProducer
 from tests.support.ports import CLUSTER_ENV, CLUSTER_PROXY, CLUSTER_SIDECARS, ProxyPorts
-from tests.support.proxy_api import admin_call
+from tests.support.proxy_api import admin_call, metric_total
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 STRIDE = 1000  # node_id_stride, the default
+FETCHES = 'dedup_proxy_requests_total{api="fetch"}'
 
 
 @pytest.fixture(scope="module")
@@ -145,22 +146,7 @@ def test_sidecar_placement_ownership_follows_the_leader_it_is_killed_exactly_onc
     order."""
     environment, info = three_brokers
     topic, leader = replicated_topic(info)
-    prefix = f"sidecar-{uuid.uuid4().hex[:8]}"
-    sidecars = [
-        cluster_proxy(
-            info,
-            tmp_path,
-            ports,
-            f"sidecar-{broker}",
-            DEDUP_PROXY_REDIS_KEY_PREFIX=prefix,
-            DEDUP_PROXY_INSTANCE_ID=f"{prefix}-{broker}",
-            DEDUP_PROXY_PLACEMENT="sidecar",
-            DEDUP_PROXY_LOCAL_BROKER_ID=str(broker),
-            DEDUP_PROXY_LEASE_TTL_S="3",
-            DEDUP_PROXY_HEARTBEAT_S="0.5",
-        )
-        for broker, ports in enumerate(CLUSTER_SIDECARS)
-    ]
+    sidecars = sidecar_group(info, tmp_path)
 
     def holders() -> list[int]:
         return [
@@ -170,16 +156,6 @@ def test_sidecar_placement_ownership_follows_the_leader_it_is_killed_exactly_onc
         ]
 
     try:
-        # Sidecars still joining place the partition among the members they know so far
-        # (it is handed over at their next beat): the placement is asked of all three.
-        wait_until(
-            lambda: all(
-                len(admin_call(sidecar, "GET", "/v1/ownership")["members"]) == 3
-                for sidecar in sidecars
-            ),
-            30,
-            "every sidecar sees the three",
-        )
         # Paced to outlast the failover: some 6 s of load left when the broker dies.
         total = 8000
         other = (leader + 1) % 3  # the producer bootstraps from a sidecar that is not the owner
@@ -222,6 +198,42 @@ def test_sidecar_placement_ownership_follows_the_leader_it_is_killed_exactly_onc
     finally:
         for sidecar in sidecars:
             assert sidecar.stop() == 0
+
+
+def sidecar_group(info: EnvInfo, log_dir: Path) -> list[ProxyProcess]:
+    """A sidecar beside each broker (sidecar placement), each seeing all three: sidecars
+    still joining place a partition among the members they know so far (it is handed over
+    at their next beat), so the placement is asked of all three first."""
+    prefix = f"sidecar-{uuid.uuid4().hex[:8]}"
+    sidecars = [
+        cluster_proxy(
+            info,
+            log_dir,
+            ports,
+            f"sidecar-{broker}",
+            DEDUP_PROXY_REDIS_KEY_PREFIX=prefix,
+            DEDUP_PROXY_INSTANCE_ID=f"{prefix}-{broker}",
+            DEDUP_PROXY_PLACEMENT="sidecar",
+            DEDUP_PROXY_LOCAL_BROKER_ID=str(broker),
+            DEDUP_PROXY_LEASE_TTL_S="3",
+            DEDUP_PROXY_HEARTBEAT_S="0.5",
+        )
+        for broker, ports in enumerate(CLUSTER_SIDECARS)
+    ]
+    try:
+        wait_until(
+            lambda: all(
+                len(admin_call(sidecar, "GET", "/v1/ownership")["members"]) == 3
+                for sidecar in sidecars
+            ),
+            30,
+            "every sidecar sees the three",
+        )
+    except BaseException:
+        for sidecar in sidecars:
+            sidecar.stop()
+        raise
+    return sidecars
 
 
 def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_a_group(
@@ -278,6 +290,31 @@ def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_one_instance
         assert fetched_from == follower, f"read from node {fetched_from}, not the follower"
     finally:
         assert proxy.stop() == 0
+
+
+def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_sidecars(
+    three_brokers: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
+) -> None:
+    """KIP-392 in sidecar placement, where node b is broker b's sidecar: a consumer that
+    names its rack, bootstrapped at the leader's sidecar, is sent to the follower in its
+    rack and reads everything from it through that follower's sidecar."""
+    _, info = three_brokers
+    topic, follower, total = written_with_a_follower(info)
+    leader = (follower + 2) % 3  # `written_with_a_follower`'s follower is the leader's next
+    sidecars = sidecar_group(info, tmp_path)
+    try:
+        read, fetched_from = read_as_rack(
+            sidecars[leader].bootstrap, topic, total, rack_of(follower)
+        )
+        assert read == [str(i).encode() for i in range(total)]
+        assert fetched_from == follower, f"read from node {fetched_from}, not the follower"
+        # Node `follower` is its own sidecar: the fetches went there, none to the third.
+        fetches = [metric_total(sidecar, FETCHES) for sidecar in sidecars]
+        assert fetches[follower] > 0, fetches
+        assert fetches[3 - leader - follower] == 0, fetches
+    finally:
+        for sidecar in sidecars:
+            assert sidecar.stop() == 0
 
 
 def test_a_share_group_reads_every_record_once_through_a_group(
