@@ -220,20 +220,7 @@ def sidecar_group(info: EnvInfo, log_dir: Path) -> list[ProxyProcess]:
         )
         for broker, ports in enumerate(CLUSTER_SIDECARS)
     ]
-    try:
-        wait_until(
-            lambda: all(
-                len(admin_call(sidecar, "GET", "/v1/ownership")["members"]) == 3
-                for sidecar in sidecars
-            ),
-            30,
-            "every sidecar sees the three",
-        )
-    except BaseException:
-        for sidecar in sidecars:
-            sidecar.stop()
-        raise
-    return sidecars
+    return joined(sidecars, "every sidecar sees the three")
 
 
 def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_a_group(
@@ -406,17 +393,26 @@ def balanced_pair(info: EnvInfo, log_dir: Path, name: str) -> list[ProxyProcess]
         )
         for i, ports in enumerate([CLUSTER_PROXY, CLUSTER_SIDECARS[0]])
     ]
+    return joined(group, "both instances see each other")
+
+
+def joined(proxies: list[ProxyProcess], what: str) -> list[ProxyProcess]:
+    """The instances of one group, once each sees every one of them as a member; stopped
+    if they do not within 30 s."""
     try:
         wait_until(
-            lambda: all(len(admin_call(p, "GET", "/v1/ownership")["members"]) == 2 for p in group),
+            lambda: all(
+                len(admin_call(proxy, "GET", "/v1/ownership")["members"]) == len(proxies)
+                for proxy in proxies
+            ),
             30,
-            "both instances see each other",
+            what,
         )
     except BaseException:
-        for proxy in group:
+        for proxy in proxies:
             proxy.stop()
         raise
-    return group
+    return proxies
 
 
 def written_with_a_follower(info: EnvInfo, total: int = 300) -> tuple[str, int, int]:
