@@ -1272,7 +1272,9 @@ def _describe(exc: BaseException) -> str:
 
 _ENCODERS: Final[dict[int, Callable[[bytes], bytes]]] = {
     # zlib's default level, as Kafka's compression.gzip.level (kafka-python's default is 9).
-    CODEC_GZIP: lambda data: bytes(_codec.gzip_encode(data, compresslevel=6)),
+    # Modification time 0, as Kafka's Java client writes it: the same records compress to
+    # the same bytes whenever they are built (kafka-python stamps the current second).
+    CODEC_GZIP: lambda data: gzip.compress(data, compresslevel=6, mtime=0),
     # xerial framing, as the Java client and kafka-python's producer write v2 batches;
     # Kafka brokers and every client read it (librdkafka, which writes raw snappy, too).
     CODEC_SNAPPY: lambda data: bytes(_codec.snappy_encode(data, xerial_compatible=True)),
