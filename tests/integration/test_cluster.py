@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from deploy import paths
@@ -28,6 +27,7 @@ from tests.support.kafka_io import assert_exactly_once_in_order, consume_conflue
 from tests.support.load import BackgroundProducer, SequencedProducer
 from tests.support.ports import CLUSTER_ENV, CLUSTER_PROXY, CLUSTER_SIDECARS, ProxyPorts
 from tests.support.proxy_api import admin_call, metric_total
+from tests.support.racks import read_as_rack
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
 
@@ -424,38 +424,3 @@ def written_with_a_follower(info: EnvInfo, total: int = 300) -> tuple[str, int, 
         producer.produce(topic, str(i).encode(), partition=0)
     assert producer.flush(60) == 0
     return topic, (leader + 1) % 3, total
-
-
-def read_as_rack(bootstrap: str, topic: str, count: int, rack: str) -> tuple[list[bytes], int]:
-    """Partition 0 of the topic read from the start by a consumer in ``rack``: the values,
-    and the node librdkafka says it fetched them from last (its statistics)."""
-    fetched_from: list[int] = []
-
-    def on_stats(text: str) -> None:
-        partition = json.loads(text)["topics"].get(topic, {}).get("partitions", {}).get("0")
-        if partition is not None and partition["broker"] >= 0:
-            fetched_from.append(int(partition["broker"]))
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"rack-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "client.rack": rack,
-            "statistics.interval.ms": 200,
-            "stats_cb": on_stats,
-        }
-    )
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    read: list[bytes] = []
-    try:
-        deadline = time.monotonic() + 60
-        while len(read) < count and time.monotonic() < deadline:
-            for message in consumer.consume(500, timeout=0.5):
-                assert message.error() is None, message.error()
-                read.append(message.value())
-        consumer.consume(1, timeout=0.5)  # one more round of statistics after the last fetch
-    finally:
-        consumer.close()
-    assert fetched_from, "librdkafka reported statistics"
-    return read, fetched_from[-1]

@@ -99,6 +99,10 @@ LOCAL_PROXIES_ENV = Ports(kafka_base=21592, redis=16579, proxy_base=LOCAL_PROXY_
 # 21792, controller 21892), Redis over TLS on 16589, proxy-1 on 23792 (admin 23780).
 SECURED_ENV = Ports(kafka_base=21792, redis=16589, proxy_base=23792)
 
+# test_secured_cluster: `local up --brokers 3 --security sasl_ssl`, with two proxies in
+# balanced placement or three in sidecar placement (proxy i on 23192 + 100 * (i - 1)).
+SECURED_CLUSTER_ENV = Ports(kafka_base=21392, redis=16599, proxy_base=23192)
+
 # test_dedup_state: a bare redis-server, and one a test stops.
 DEDUP_STATE_REDIS = 16679
 POLICY_OUTAGE_REDIS = 16689

@@ -12,8 +12,15 @@ from deploy.launcher import ProxyProcess
 def admin_call(
     proxy: ProxyProcess, method: str, path: str, body: dict[str, Any] | None = None
 ) -> Any:
+    return admin_call_at(proxy.admin_url, method, path, body)
+
+
+def admin_call_at(
+    admin_url: str, method: str, path: str, body: dict[str, Any] | None = None
+) -> Any:
+    """As `admin_call`, to the plain-HTTP admin API at ``admin_url``."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"{proxy.admin_url}{path}", data=data, method=method)
+    request = urllib.request.Request(f"{admin_url}{path}", data=data, method=method)
     with urllib.request.urlopen(request, timeout=30) as answer:
         return json.load(answer)
 
@@ -21,8 +28,21 @@ def admin_call(
 def metric_total(proxy: ProxyProcess, series: str) -> float:
     """The sum of every sample whose line starts with ``series`` (a metric name and the
     start of its labels, e.g. ``dedup_proxy_requests_total{api="Fetch"``)."""
+    return series_total(proxy.metrics_text(), series)
+
+
+def metrics_at(admin_url: str) -> str:
+    """The metrics of the proxy whose plain-HTTP admin API is at ``admin_url`` (one that
+    this test did not start, e.g. a local environment's)."""
+    with urllib.request.urlopen(f"{admin_url}/metrics", timeout=10) as answer:
+        text: str = answer.read().decode()
+        return text
+
+
+def series_total(metrics_text: str, series: str) -> float:
+    """As `metric_total`, of metrics already read."""
     return sum(
         float(line.rsplit(" ", 1)[1])
-        for line in proxy.metrics_text().splitlines()
+        for line in metrics_text.splitlines()
         if line.startswith(series)
     )

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 # Per-broker listeners a proxy opens: one per broker of the largest environment it fronts.
 MOST_BROKERS = 3
 # Environments of more than one broker, and Redis bases of another topology than single.
-BROKERS = {"CLUSTER_ENV": 3, "THREE_NODE_ENV": 3}
+BROKERS = {"CLUSTER_ENV": 3, "THREE_NODE_ENV": 3, "SECURED_CLUSTER_ENV": 3}
 TOPOLOGIES = {
     "SENTINEL_REDIS": "sentinel",
     "TLS_SENTINEL_REDIS": "sentinel",
@@ -26,7 +26,7 @@ TOPOLOGIES = {
     "TLS_CLUSTER_REDIS": "cluster",
 }
 # Environments that run local proxies (`local up --proxies N`), and how many.
-LOCAL_PROXIES = {"LOCAL_PROXIES_ENV": 2, "SECURED_ENV": 1}
+LOCAL_PROXIES = {"LOCAL_PROXIES_ENV": 2, "SECURED_ENV": 1, "SECURED_CLUSTER_ENV": 3}
 # Names that only repeat a port another entry already counts.
 PARTS_OF_OTHERS = {
     "LOCAL_PROXY_BASE",  # LOCAL_PROXIES_ENV.proxy_base
