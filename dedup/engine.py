@@ -826,22 +826,27 @@ class DedupEngine:
     def _remember_absent(self, key: Key) -> None:
         """Kafka has no such partition. Its state here (a place in line, never recovered) is
         kept for the latest `max_absent_partitions` of them only, so a client naming
-        partitions that do not exist cannot grow the proxy's memory without bound; the
-        oldest is let go once every request admitted to it has ended. What is lost with
-        it: were the partition created within the moment between a retriable refusal and
-        the same producer's next request, that request could overtake the retry."""
+        partitions that do not exist, nor topics deleted one after another, can grow the
+        proxy's memory without bound; the oldest is let go once every request admitted to
+        it has ended, and so is the writer's entry for it (`IdempotentWriter.forget`).
+        What is lost with it: were the partition created within the moment between a
+        retriable refusal and the same producer's next request, that request could
+        overtake the retry."""
         self._absent[key] = None
         self._absent.move_to_end(key)
         for _ in range(len(self._absent) - self._max_absent):  # the excess, oldest first
             oldest, _ = self._absent.popitem(last=False)
             state = self._partitions.get(oldest)
-            if state is None or state.recovered:
-                continue  # let go already, or there after all
-            busy = state.pending or state.released < state.admitted
-            if busy or self._recoveries.recovering(oldest):
-                self._absent[oldest] = None  # a request still on it: let go later
-                continue
-            del self._partitions[oldest]
+            if state is not None:
+                if state.recovered:
+                    continue  # there after all
+                busy = state.pending or state.released < state.admitted
+                if busy or self._recoveries.recovering(oldest):
+                    self._absent[oldest] = None  # a request still on it: let go later
+                    continue
+                del self._partitions[oldest]
+            # The writer's entry too (a deleted topic's partition written here before).
+            self._writer.forget(*oldest)
 
     def _lease_holds(self, item: _Work) -> bool:
         """With the maps in memory: whether this instance's lease on the partition cannot

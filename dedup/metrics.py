@@ -90,6 +90,11 @@ RECOVERIES_FAILING = Gauge(
     "/v1/snapshots says why)",
 )
 OWNED_PARTITIONS = Gauge("dedup_owned_partitions", "Partitions whose lease this instance holds")
+WRITER_PARTITIONS = Gauge(
+    "dedup_writer_partitions",
+    "Partitions the proxy's idempotent writer keeps a producer and sequence for (those of "
+    "deleted topics go with the oldest absent partitions: max_absent_partitions)",
+)
 LEASES = Counter(
     "dedup_lease_events_total",
     "Partition lease events: acquired_new, taken_over (a fenced takeover), handed_over (after a "

@@ -53,6 +53,8 @@ class Writer(Protocol):
         self, broker: Endpoint, batches: Sequence[BatchToWrite], timeout_ms: int
     ) -> asyncio.Future[list[WriteResult]]: ...
 
+    def forget(self, topic: str, partition: int) -> bool: ...
+
 
 class PartitionRecovery(Protocol):
     """Rebuilding partitions' state from the log (`dedup.recovery.Recovery`)."""

@@ -184,6 +184,7 @@ class DedupService:
             max_producers=settings.max_producers_per_partition,
             max_sequence_jump=settings.max_sequence_jump,
             topic_ids=topic_ids,
+            max_absent_partitions=settings.max_absent_partitions,
         )
         self.snapshotter = Snapshotter(
             self.engine,

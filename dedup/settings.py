@@ -129,6 +129,13 @@ class DedupSettings(BaseSettings):
         "(Kafka's Java producer: 30 s); 0: no wait",
     )
     max_producers_per_partition: int = Field(default=10_000, gt=0)
+    max_absent_partitions: int = Field(
+        default=10_000,
+        gt=0,
+        description="partitions Kafka does not have (never created, or their topic deleted) "
+        "whose state is kept, the latest first: a client naming partitions that do not exist, "
+        "or topics deleted one after another, cannot grow the proxy's memory beyond that",
+    )
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
     instance_id: str | None = Field(
         default=None,

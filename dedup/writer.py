@@ -43,6 +43,7 @@ from typing import Any, Protocol
 import structlog
 from kio.schema.errors import ErrorCode
 
+from dedup import metrics
 from dedup.fencing import ProducerIdentity
 from proxy.kafka.error_codes import error_code
 from proxy.kafka.produce_codec import (
@@ -216,6 +217,9 @@ class IdempotentWriter:
         self._give_up_s = ambiguous_give_up_s
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._producer: _Producer | None = None
+        # The writer's producer when it last forgot a partition (`forget`): a partition
+        # met afresh may be one forgotten, which used this producer or an older one.
+        self._forgotten_under: _Producer | None = None
         self._producer_lock = asyncio.Lock()
         self._lanes = lanes
         # The link of each lane as last connected: a request on an open one awaits nothing
@@ -669,7 +673,29 @@ class IdempotentWriter:
         state = self._partitions.get(key)
         if state is None:
             state = self._partitions[key] = _Partition()
+            metrics.WRITER_PARTITIONS.set(len(self._partitions))
+            if self._forgotten_under is not None:
+                # Maybe one forgotten, whose log may still hold a producer up to that one
+                # at some sequence (a topic given up on a lagging broker's word): start
+                # under a newer producer, from sequence 0, as after a lost producer state.
+                state.producer = self._forgotten_under
+                state.needs_new_producer = True
         return state
+
+    def forget(self, topic: str, partition: int) -> bool:
+        """Drop what is kept of a partition Kafka no longer has (its topic deleted), unless
+        a write of it is still unresolved; whether it was dropped. Its next write, should
+        the topic come back, starts under a producer it never used, from sequence 0."""
+        key = (topic, partition)
+        state = self._partitions.get(key)
+        if state is None:
+            return True
+        if state.in_flight or state.switch_lock.locked():
+            return False
+        del self._partitions[key]
+        metrics.WRITER_PARTITIONS.set(len(self._partitions))
+        self._forgotten_under = self._producer
+        return True
 
 
 def _expire(answer: asyncio.Future[Any]) -> None:

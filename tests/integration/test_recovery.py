@@ -521,11 +521,14 @@ def test_a_late_write_of_the_killed_proxy_is_refused_after_the_restart(
 
 @contextlib.contextmanager
 def proxy_that_wrote(
-    local_env: EnvInfo, tmp_path: Path, watch_s: int
+    local_env: EnvInfo, tmp_path: Path, watch_s: int, **settings: str
 ) -> Iterator[tuple[RestartableProxy, ProxyProcess, str]]:
     """A proxy whose topic watch looks every `watch_s` seconds, and a topic of which it
-    wrote producer p-deleted's sequences 0-9 (so it holds its partition); stopped on exit."""
-    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_TOPIC_ID_CHECK_S=str(watch_s))
+    wrote producer p-deleted's sequences 0-9 (so it holds its partition); stopped on exit.
+    ``settings``: more of the proxy's (DEDUP_PROXY_*)."""
+    restartable = recovery_proxy(
+        local_env, tmp_path, DEDUP_PROXY_TOPIC_ID_CHECK_S=str(watch_s), **settings
+    )
     proxy = restartable.start()
     try:
         topic = new_topic(local_env.bootstrap)
@@ -573,6 +576,36 @@ def test_a_deleted_topics_partition_is_given_up_and_taken_anew_once_created_agai
         create_again(bootstrap, topic)
         blind_resend(proxy, topic, "p-deleted", range(5))
         assert values(bootstrap, topic) == [str(n).encode() for n in range(5)]
+
+
+def test_a_deleted_topics_partition_leaves_the_writer_and_comes_back_whole(
+    local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """Topics deleted one after another must not grow the proxy: a deleted topic's
+    partition is kept as absent, the writer's producer and sequence for it too, only
+    while it is among the latest `max_absent_partitions` (1 here). A request to a partition
+    Kafka does not have pushes it out, and the writer forgets it. Created again, the topic
+    takes every record of its producer's next writes."""
+    bootstrap = local_env.bootstrap
+    with proxy_that_wrote(
+        local_env, tmp_path, watch_s=1, DEDUP_PROXY_MAX_ABSENT_PARTITIONS="1"
+    ) as (restartable, proxy, topic):
+        assert metric_total(proxy, "dedup_writer_partitions") == 1
+        delete_topic(bootstrap, topic)
+        wait_until(
+            lambda: not holds(restartable, topic), 30, "the deleted topic's partition given up"
+        )
+        assert metric_total(proxy, "dedup_writer_partitions") == 1, "the latest absent one"
+        other = new_topic(bootstrap)  # one partition: its partition 5 does not exist
+        ghost = produce_request(other, {5: explicit_batch([("p-ghost", 0)])})
+        assert produce_raw(proxy, ghost).error_code == UNKNOWN_TOPIC_OR_PARTITION
+        assert metric_total(proxy, "dedup_writer_partitions") == 0
+
+        create_again(bootstrap, topic)
+        blind_resend(proxy, topic, "p-deleted", range(10))
+        blind_resend(proxy, topic, "p-deleted", range(15))
+        assert values(bootstrap, topic) == [str(n).encode() for n in range(15)]
+        assert metric_total(proxy, "dedup_writer_partitions") == 1
 
 
 def test_a_recovery_that_finds_the_topic_deleted_is_not_retried(

@@ -323,11 +323,16 @@ class FakeWriter:
     submitted: list[list[tuple[Key, list[tuple[str, int]]]]] = field(default_factory=list)
     built: dict[Key, list[RecordBytes]] = field(default_factory=lambda: defaultdict(list))
     withdrawn: list[Key] = field(default_factory=list)
+    forgotten: list[Key] = field(default_factory=list)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     # Per partition, the outcomes still to come of the batches in flight, in order.
     in_flight: dict[Key, list[asyncio.Future[WriteResult]]] = field(
         default_factory=lambda: defaultdict(list)
     )
+
+    def forget(self, topic: str, partition: int) -> bool:
+        self.forgotten.append((topic, partition))
+        return True
 
     async def submit(
         self, broker: Endpoint, batches: Sequence[BatchToWrite], timeout_ms: int
@@ -2016,6 +2021,29 @@ async def test_a_deleted_topics_partition_is_let_go_by_the_topic_watch() -> None
         back = await rig.send((P0, records("p", [0])))
         assert back[P0] == PartitionAnswer(base_offset=0)
         assert rig.writer.log[P0] == in_order("p", [0])
+
+
+async def test_a_deleted_topics_partition_leaves_the_writer_once_it_is_among_the_oldest() -> None:
+    """A partition written here and let go (its topic deleted) is remembered as absent;
+    once newer absent ones push it out, the writer forgets it too, and nothing written
+    is forgotten: a topic deleted after another cannot grow the proxy without bound."""
+    ghosts = [("ghosts", p) for p in range(2)]
+    other: Key = ("payments", 0)
+    async with running(max_absent_partitions=2) as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1]))))[P0])
+        assert ok((await rig.send((other, records("q", [0]))))[other])
+        rig.topic_ids.ids[P0[0]] = None
+        rig.owners.absent.add(P0)
+        await rig.engine.confirm_topics()
+        assert rig.owners.let_go_of == [P0]
+        rig.owners.absent.update(ghosts)
+        assert not ok((await rig.send((ghosts[0], records("g", [0]))))[ghosts[0]])
+        assert rig.writer.forgotten == [], "two absent partitions are kept"
+        assert not ok((await rig.send((ghosts[1], records("g", [0]))))[ghosts[1]])
+        assert rig.writer.forgotten == [P0]
+        assert P0 not in rig.engine.partition_states()
+        assert ok((await rig.send((other, records("q", [1]))))[other]), "the others write on"
+        assert rig.writer.log[other] == in_order("q", [0, 1])
 
 
 async def test_the_recovery_of_a_deleted_topics_partition_is_not_retried() -> None:

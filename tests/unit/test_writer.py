@@ -281,6 +281,45 @@ def test_fence_continues_the_partitions_under_the_new_epoch_from_sequence_zero()
     assert sent == [(100, 0), (100, 0), (200, 0), (100, 3)]
 
 
+def test_a_forgotten_partition_starts_again_under_a_producer_it_never_used() -> None:
+    """Forgotten (its topic deleted), a partition met again may be the same log after all
+    (a broker's metadata lagged), holding the writer's producer at some sequence: it starts
+    under a newer producer from sequence 0. A partition never written before takes the
+    producer then current, with no other new one."""
+
+    async def scenario() -> tuple[list[tuple[int, int]], bool]:
+        link = FakeLink()
+        writer = scripted_writer(link)
+        await writer.write(BROKER, [batch(10, partition=0), batch(3, partition=1)], 1000)
+        dropped = writer.forget("t", 0)
+        await writer.write(BROKER, [batch(5, partition=0)], 1000)
+        await writer.write(BROKER, [batch(2, partition=1), batch(4, partition=2)], 1000)
+        return [(producer, sequence) for producer, sequence, _ in link.sent], dropped
+
+    sent, dropped = run(scenario())
+    assert dropped
+    # p0 and p1 under 100; p0 again under 200 from 0; p1 goes on under 100; p2 new, 200.
+    assert sent == [(100, 0), (100, 0), (200, 0), (100, 3), (200, 0)]
+
+
+def test_a_partition_with_a_write_unresolved_is_not_forgotten() -> None:
+    async def scenario() -> tuple[bool, bool, list[tuple[int, int]]]:
+        link = FakeLink(script=deque([HOLD]))
+        writer = scripted_writer(link)
+        pending = await writer.submit(BROKER, [batch(10)], 1000)
+        assert link.held, "sent by submit, its answer held"
+        busy = writer.forget("t", 0)
+        link.answer_held(0)
+        await pending
+        await writer.write(BROKER, [batch(1)], 1000)
+        return busy, writer.forget("t", 0), [(p, s) for p, s, _ in link.sent]
+
+    busy, idle, sent = run(scenario())
+    assert not busy, "its write is still in flight"
+    assert idle
+    assert sent == [(100, 0), (100, 10)], "kept: it went on in sequence"
+
+
 # ----------------------------------------------------------------------------- the caller's hooks
 
 
