@@ -45,6 +45,11 @@ pytestmark = pytest.mark.integration
 PRODUCERS = ("orders-a", "orders-b")
 PER_PRODUCER = 3000
 FIRST_RUN = 2400  # 0..2399 before a producer's restart
+# Each producer's records a second in the first run: 100 s of load, still running when the job
+# has committed its first batches even where its first batch took 36 s and its third ended
+# 53 s in (a busy 2-core box). At 60 a second the load had ended there before the kill, and
+# with no new records no task ran to be lost.
+FIRST_RATE = 24
 RESENT_FROM = 1200  # the restarted producer sends 1200..2999: 1200 again, then 600 new
 PARTITIONS = 2
 KAFKA_SOURCE_JAR = f"spark-sql-kafka-0-10_2.13-{paths.SPARK_VERSION}.jar"
@@ -140,8 +145,8 @@ def test_a_worker_killed_mid_stream_loses_and_repeats_nothing(
     try:
         job.wait_ready(180)
         first = [
-            *start_load(dedup_proxy.bootstrap, topic, 0, FIRST_RUN, rate=60),
-            *start_load(local_env.bootstrap, control, 0, FIRST_RUN, rate=60),
+            *start_load(dedup_proxy.bootstrap, topic, 0, FIRST_RUN, rate=FIRST_RATE),
+            *start_load(local_env.bootstrap, control, 0, FIRST_RUN, rate=FIRST_RATE),
         ]
         # Both workers run an executor of the job, and the driver shipped it the Kafka
         # source (spark.jars): no worker has it otherwise.
