@@ -26,14 +26,18 @@ from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
 from tests.support.kafka_io import assert_exactly_once_in_order, consume_confluent, values
 from tests.support.load import BackgroundProducer, SequencedProducer
 from tests.support.ports import CLUSTER_ENV, CLUSTER_PROXY, CLUSTER_SIDECARS, ProxyPorts
-from tests.support.proxy_api import admin_call, metric_total
+from tests.support.proxy_api import (
+    FETCHES,
+    NODE_ID_STRIDE,
+    admin_call,
+    all_see_each_other,
+    metric_total,
+)
 from tests.support.racks import read_as_rack
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
-STRIDE = 1000  # node_id_stride, the default
-FETCHES = 'dedup_proxy_requests_total{api="fetch"}'
 
 
 @pytest.fixture(scope="module")
@@ -256,8 +260,10 @@ def test_a_rack_aware_consumer_reads_from_its_racks_replica_through_a_group(
         assert java.stdout.split() == [str(i) for i in range(total)], java.stderr[-2000:]
         read, fetched_from = read_as_rack(group[1].bootstrap, topic, total, rack_of(follower))
         assert read == [str(i).encode() for i in range(total)]
-        assert fetched_from % STRIDE == follower, f"read from node {fetched_from}, not the follower"
-        assert fetched_from >= STRIDE, "a node of the group, not the broker's own id"
+        assert fetched_from % NODE_ID_STRIDE == follower, (
+            f"read from node {fetched_from}, not the follower"
+        )
+        assert fetched_from >= NODE_ID_STRIDE, "a node of the group, not the broker's own id"
     finally:
         for proxy in group:
             assert proxy.stop() == 0
@@ -400,14 +406,8 @@ def joined(proxies: list[ProxyProcess], what: str) -> list[ProxyProcess]:
     """The instances of one group, once each sees every one of them as a member; stopped
     if they do not within 30 s."""
     try:
-        wait_until(
-            lambda: all(
-                len(admin_call(proxy, "GET", "/v1/ownership")["members"]) == len(proxies)
-                for proxy in proxies
-            ),
-            30,
-            what,
-        )
+        admin_urls = [proxy.admin_url for proxy in proxies]
+        wait_until(lambda: all_see_each_other(admin_urls), 30, what)
     except BaseException:
         for proxy in proxies:
             proxy.stop()

@@ -19,14 +19,13 @@ from proxy.kafka.upstream_client import encode_request
 from tests.support.kafka_io import consume_confluent
 from tests.support.load import BackgroundProducer
 from tests.support.ports import SHUTDOWN
-from tests.support.proxy_api import metric_total
+from tests.support.proxy_api import FETCHES, metric_total
 from tests.support.raw import correlation_id, read_response
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
 UPSTREAM_DISCONNECTS = 'dedup_proxy_upstream_errors_total{kind="disconnect"}'
-FETCHES = 'dedup_proxy_requests_total{api="fetch"}'
 
 
 def test_broker_restart_under_load_clients_recover_through_the_proxy(

@@ -44,7 +44,7 @@ from deploy.local import EnvInfo, java_tool_command
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
 from tests.support.load import SequencedProducer
 from tests.support.ports import INSTANCES
-from tests.support.proxy_api import metric_total
+from tests.support.proxy_api import NODE_ID_STRIDE, admin_call, all_see_each_other, metric_total
 from tests.support.restartable import RestartableProxy
 from tests.support.topics import delete_and_create_again, new_topic
 from tests.support.wait import wait_until
@@ -53,7 +53,6 @@ pytestmark = pytest.mark.integration
 
 REDIS_DB = 6  # this file's instances only
 TTL_S = 3.0
-STRIDE = 1000  # node_id_stride, the default
 FAST = {"DEDUP_PROXY_LEASE_TTL_S": str(TTL_S), "DEDUP_PROXY_HEARTBEAT_S": "0.5"}
 
 
@@ -104,9 +103,8 @@ class Group:
         return process
 
     def ownership(self, i: int) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.proxy(i).admin_url}/v1/ownership", timeout=10) as r:
-            data: dict[str, Any] = json.load(r)
-            return data
+        found: dict[str, Any] = admin_call(self.proxy(i), "GET", "/v1/ownership")
+        return found
 
     def holder(self, topic: str, partition: int) -> int:
         """The index of the instance holding the partition's lease (asked of each)."""
@@ -294,7 +292,7 @@ def _group_nodes(group: Group, broker: int) -> list[int]:
     asked once both instances know each other (before, one instance names the brokers'
     own ids)."""
     wait_until(
-        lambda: all(len(group.ownership(i)["members"]) == 2 for i in range(2)),
+        lambda: all_see_each_other([group.proxy(i).admin_url for i in range(2)]),
         timeout_s=30,
         what="both instances see each other",
     )
@@ -306,7 +304,7 @@ def _group_nodes(group: Group, broker: int) -> list[int]:
         return len(nodes) == 2
 
     wait_until(both_members_listed, timeout_s=30, what=lambda: f"two nodes listed: {nodes}")
-    assert {n % STRIDE for n in nodes} == {broker}, "a node per instance for the broker"
+    assert {n % NODE_ID_STRIDE for n in nodes} == {broker}, "a node per instance for the broker"
     assert broker not in nodes, "no node has the broker's own id"
     return nodes
 

@@ -22,7 +22,13 @@ from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
 from deploy.tls import LocalTls
 from tests.support.java_clients import client_properties
 from tests.support.ports import SECURED_CLUSTER_ENV
-from tests.support.proxy_api import admin_call_at, metrics_at, series_total
+from tests.support.proxy_api import (
+    FETCHES,
+    NODE_ID_STRIDE,
+    all_see_each_other,
+    metrics_at,
+    series_total,
+)
 from tests.support.racks import read_as_rack
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
@@ -30,8 +36,6 @@ from tests.support.wait import wait_until
 pytestmark = pytest.mark.integration
 
 TOTAL = 300
-STRIDE = 1000  # node_id_stride, the default: node b of instance i is i * STRIDE + b
-FETCHES = 'dedup_proxy_requests_total{api="fetch"}'
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +57,9 @@ def client_config(info: EnvInfo) -> dict[str, str]:
 def grouped(info: EnvInfo) -> EnvInfo:
     """The environment, once each of its proxies sees every one as a member of its group
     (healthy is not yet that)."""
+    admin_urls = [proxy.admin for proxy in info.proxies]
     wait_until(
-        lambda: all(
-            len(admin_call_at(proxy.admin, "GET", "/v1/ownership")["members"]) == len(info.proxies)
-            for proxy in info.proxies
-        ),
-        30,
-        "the environment's proxies to see each other",
+        lambda: all_see_each_other(admin_urls), 30, "the environment's proxies to see each other"
     )
     return info
 
@@ -116,8 +116,10 @@ def test_a_rack_aware_consumer_reads_its_racks_replica_through_a_secured_group(
         second.bootstrap, topic, TOTAL, rack_of(follower), **client_config(info)
     )
     assert read == [str(i).encode() for i in range(TOTAL)]
-    assert fetched_from % STRIDE == follower, f"read from node {fetched_from}, not the follower"
-    assert fetched_from >= STRIDE, "a node of the group, not the broker's own id"
+    assert fetched_from % NODE_ID_STRIDE == follower, (
+        f"read from node {fetched_from}, not the follower"
+    )
+    assert fetched_from >= NODE_ID_STRIDE, "a node of the group, not the broker's own id"
 
 
 def test_a_rack_aware_consumer_reads_its_racks_replica_through_secured_sidecars(

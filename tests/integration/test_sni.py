@@ -9,10 +9,8 @@ balancer's name would for real clients.
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import ssl
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ from tests.support.java_clients import client_properties, sent, verifiable_produ
 from tests.support.kafka_io import assert_exactly_once_in_order, read_all
 from tests.support.ports import SNI, SNI_GROUP
 from tests.support.proxies import own_proxy
+from tests.support.proxy_api import admin_call, all_see_each_other
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
 
@@ -164,11 +163,8 @@ def test_two_instances_each_behind_names_of_its_own(
     ]
     # Both members joined before the first write, and enough partitions that the placement
     # gives each some (all 12 to one of two: 1 in 2,048).
-    wait_until(
-        lambda: all(len(ownership(process)["members"]) == 2 for process in instances),
-        30,
-        "both instances see each other",
-    )
+    admin_urls = [process.admin_url for process in instances]
+    wait_until(lambda: all_see_each_other(admin_urls), 30, "both instances see each other")
     partitions = 12
     topic = new_topic(local_env.bootstrap, partitions=partitions)
     try:
@@ -185,7 +181,7 @@ def test_two_instances_each_behind_names_of_its_own(
                 producer.flush(60)
             finally:
                 producer.close(10)
-        held = [ownership(process)["held"] for process in instances]
+        held = [admin_call(process, "GET", "/v1/ownership")["held"] for process in instances]
         assert all(held), f"each instance owns some of the partitions: {held}"
     finally:
         for process in instances:
@@ -193,12 +189,6 @@ def test_two_instances_each_behind_names_of_its_own(
     for partition in range(partitions):
         written = [value for value, _ in read_all(local_env.bootstrap, topic, partition)]
         assert_exactly_once_in_order(written, 60)
-
-
-def ownership(process: ProxyProcess) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{process.admin_url}/v1/ownership", timeout=10) as answer:
-        found: dict[str, Any] = json.load(answer)
-        return found
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,12 @@ import json
 import urllib.request
 from typing import Any
 
+from dedup.settings import DedupSettings
 from deploy.launcher import ProxyProcess
+
+FETCHES = 'dedup_proxy_requests_total{api="fetch"}'
+# Balanced placement's default: clients see broker b behind instance slot s as node s * it + b.
+NODE_ID_STRIDE: int = DedupSettings.model_fields["node_id_stride"].default
 
 
 def admin_call(
@@ -23,6 +28,15 @@ def admin_call_at(
     request = urllib.request.Request(f"{admin_url}{path}", data=data, method=method)
     with urllib.request.urlopen(request, timeout=30) as answer:
         return json.load(answer)
+
+
+def all_see_each_other(admin_urls: list[str]) -> bool:
+    """Whether the instance at each of ``admin_urls`` lists every one of them as a member
+    of its group (healthy is not yet that)."""
+    return all(
+        len(admin_call_at(url, "GET", "/v1/ownership")["members"]) == len(admin_urls)
+        for url in admin_urls
+    )
 
 
 def metric_total(proxy: ProxyProcess, series: str) -> float:
