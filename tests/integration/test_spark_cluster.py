@@ -19,6 +19,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,11 +46,11 @@ pytestmark = pytest.mark.integration
 PRODUCERS = ("orders-a", "orders-b")
 PER_PRODUCER = 3000
 FIRST_RUN = 2400  # 0..2399 before a producer's restart
-# Each producer's records a second in the first run: 100 s of load, still running when the job
-# has committed its first batches even where its first batch took 36 s and its third ended
-# 53 s in (a busy 2-core box). At 60 a second the load had ended there before the kill, and
-# with no new records no task ran to be lost.
-FIRST_RATE = 24
+FIRST_RATE = 60  # each producer's records a second in the first run
+# The first run's last records trickle, one a second, until the kill: records still arrive
+# then, however long the job's first batches took (53 s on a busy 2-core box, when a load
+# timed to end after 40 s had ended; with no new records, no task ran to be lost).
+HELD_TAIL = 600
 RESENT_FROM = 1200  # the restarted producer sends 1200..2999: 1200 again, then 600 new
 PARTITIONS = 2
 KAFKA_SOURCE_JAR = f"spark-sql-kafka-0-10_2.13-{paths.SPARK_VERSION}.jar"
@@ -102,13 +103,26 @@ def ran_again(executor: Path, task: tuple[int, int], lost_tid: int) -> bool:
 
 # Keyed by sequence: a re-send goes to the partition of its first send, where the proxy
 # (dedup is per partition) knows it. Unkeyed, a re-send may land on another partition and
-# pass as new.
+# pass as new. With `released`, the last HELD_TAIL records trickle until it is set.
 def start_load(
-    bootstrap: str, topic: str, start: int, total: int, rate: int
+    bootstrap: str,
+    topic: str,
+    start: int,
+    total: int,
+    rate: int,
+    released: threading.Event | None = None,
 ) -> list[SequencedProducer]:
     return [
         SequencedProducer(
-            bootstrap, topic, name, total, start=start, per_second=rate, keyed=True
+            bootstrap,
+            topic,
+            name,
+            total,
+            start=start,
+            per_second=rate,
+            keyed=True,
+            held_tail=HELD_TAIL if released is not None else 0,
+            released=released,
         ).start()
         for name in PRODUCERS
     ]
@@ -144,9 +158,10 @@ def test_a_worker_killed_mid_stream_loses_and_repeats_nothing(
     job.start()
     try:
         job.wait_ready(180)
+        killed = threading.Event()
         first = [
-            *start_load(dedup_proxy.bootstrap, topic, 0, FIRST_RUN, rate=FIRST_RATE),
-            *start_load(local_env.bootstrap, control, 0, FIRST_RUN, rate=FIRST_RATE),
+            *start_load(dedup_proxy.bootstrap, topic, 0, FIRST_RUN, FIRST_RATE, killed),
+            *start_load(local_env.bootstrap, control, 0, FIRST_RUN, FIRST_RATE, killed),
         ]
         # Both workers run an executor of the job, and the driver shipped it the Kafka
         # source (spark.jars): no worker has it otherwise.
@@ -170,6 +185,7 @@ def test_a_worker_killed_mid_stream_loses_and_repeats_nothing(
         rows_at_kill = sum(committed_offsets(checkpoint).get(topic, {}).values())
         assert not all(load.delivered == load.expected for load in first), "the load had ended"
         assert rows_at_kill < len(PRODUCERS) * FIRST_RUN
+        killed.set()  # the held records follow at the pace
 
         # The other worker's executor alone carries the job on.
         wait_for_commits(checkpoint, commits_at_kill + 2, timeout_s=120)

@@ -84,7 +84,11 @@ class SequencedProducer(_BackgroundLoad):
     """A DedupProducer writing str(i) with explicit sequence id i for i in start..total-1,
     paced; its own retries carry unacknowledged records over a fault. `keyed`: record i has
     key str(i), so a restarted producer's re-send goes to the partition of the first send
-    (dedup is per partition; without a key the partitioner may pick another one)."""
+    (dedup is per partition; without a key the partitioner may pick another one).
+
+    `held_tail` and `released`: the last ``held_tail`` records go one a second until
+    ``released`` is set, then at the pace. A test whose next step waits on something slow
+    (a job's first batches) is sure that records still arrive when it takes that step."""
 
     def __init__(
         self,
@@ -95,6 +99,8 @@ class SequencedProducer(_BackgroundLoad):
         start: int = 0,
         per_second: int = 5000,
         keyed: bool = False,
+        held_tail: int = 0,
+        released: threading.Event | None = None,
         **config: Any,
     ) -> None:
         from dedup.client import DedupProducer  # the product's own client
@@ -105,6 +111,8 @@ class SequencedProducer(_BackgroundLoad):
         self.start_at = start
         self.per_second = per_second
         self.keyed = keyed
+        self._held_from = total - held_tail if released is not None else total
+        self._released = released if released is not None else threading.Event()
         self._producer = DedupProducer(
             bootstrap,
             name,
@@ -127,6 +135,8 @@ class SequencedProducer(_BackgroundLoad):
                 sequence_id=index,
                 on_delivery=self._on_delivery,
             )
-            if index % 50 == 0:
+            if index >= self._held_from and not self._released.is_set():
+                self._released.wait(1.0)  # a trickle, until released
+            elif index % 50 == 0:
                 time.sleep(50 / self.per_second)  # paced, so a fault lands mid-stream
         self._producer.flush(180)
