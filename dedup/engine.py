@@ -828,7 +828,8 @@ class DedupEngine:
         kept for the latest `max_absent_partitions` of them only, so a client naming
         partitions that do not exist, nor topics deleted one after another, can grow the
         proxy's memory without bound; the oldest is let go once every request admitted to
-        it has ended, and so is the writer's entry for it (`IdempotentWriter.forget`).
+        it has ended and the writer has let go of its entry (`IdempotentWriter.forget`),
+        which it does once no write of it is unresolved.
         What is lost with it: were the partition created within the moment between a
         retriable refusal and the same producer's next request, that request could
         overtake the retry."""
@@ -844,9 +845,11 @@ class DedupEngine:
                 if busy or self._recoveries.recovering(oldest):
                     self._absent[oldest] = None  # a request still on it: let go later
                     continue
-                del self._partitions[oldest]
             # The writer's entry too (a deleted topic's partition written here before).
-            self._writer.forget(*oldest)
+            if not self._writer.forget(*oldest):
+                self._absent[oldest] = None  # a write of it still unresolved: later
+                continue
+            self._partitions.pop(oldest, None)
 
     def _lease_holds(self, item: _Work) -> bool:
         """With the maps in memory: whether this instance's lease on the partition cannot

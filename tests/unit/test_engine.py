@@ -324,6 +324,7 @@ class FakeWriter:
     built: dict[Key, list[RecordBytes]] = field(default_factory=lambda: defaultdict(list))
     withdrawn: list[Key] = field(default_factory=list)
     forgotten: list[Key] = field(default_factory=list)
+    unresolved: set[Key] = field(default_factory=set)  # partitions `forget` refuses to drop
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     # Per partition, the outcomes still to come of the batches in flight, in order.
     in_flight: dict[Key, list[asyncio.Future[WriteResult]]] = field(
@@ -331,6 +332,8 @@ class FakeWriter:
     )
 
     def forget(self, topic: str, partition: int) -> bool:
+        if (topic, partition) in self.unresolved:
+            return False
         self.forgotten.append((topic, partition))
         return True
 
@@ -2044,6 +2047,28 @@ async def test_a_deleted_topics_partition_leaves_the_writer_once_it_is_among_the
         assert P0 not in rig.engine.partition_states()
         assert ok((await rig.send((other, records("q", [1]))))[other]), "the others write on"
         assert rig.writer.log[other] == in_order("q", [0, 1])
+
+
+async def test_a_partition_whose_write_is_unresolved_leaves_the_writer_later() -> None:
+    """The writer keeps a partition while a write of it is unresolved (`forget` says no):
+    the partition stays among the absent ones and is offered again as newer ones push it
+    out, until the writer lets go of it."""
+    ghosts = [("ghosts", p) for p in range(6)]
+    async with running(max_absent_partitions=2) as rig:
+        assert ok((await rig.send((P0, records("p", [0, 1]))))[P0])
+        rig.topic_ids.ids[P0[0]] = None
+        rig.owners.absent.add(P0)
+        await rig.engine.confirm_topics()
+        rig.owners.absent.update(ghosts)
+        rig.writer.unresolved.add(P0)
+        for ghost in ghosts[:2]:
+            assert not ok((await rig.send((ghost, records("g", [0]))))[ghost])
+        assert rig.writer.forgotten == [], "P0 is kept while its write is unresolved"
+        rig.writer.unresolved.clear()
+        for ghost in ghosts[2:]:
+            assert not ok((await rig.send((ghost, records("g", [0]))))[ghost])
+        assert P0 in rig.writer.forgotten, "offered again, and let go"
+        assert P0 not in rig.engine.partition_states()
 
 
 async def test_the_recovery_of_a_deleted_topics_partition_is_not_retried() -> None:
