@@ -19,7 +19,8 @@ echo "test: import contracts"
 .venv/bin/lint-imports --no-logo
 echo "test: pytest"
 status=0
-.venv/bin/pytest "$@" || status=$?
+# The slowest tests are listed at the end: the run must stay well inside CI's 90 minutes.
+.venv/bin/pytest --durations=25 "$@" || status=$?
 if [ -n "${CI:-}" ]; then
     # A CI machine keeps nothing running after the run: nor the engine engine.sh started.
     .venv/bin/dedup-proxy local down || true
