@@ -99,6 +99,13 @@ class ProxyServer:
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
+        # The services first: an instance of a group answers clients once it has joined.
+        # Before, it knows no other member and would name the brokers by their own ids, as
+        # an instance alone does (a restarted one waits up to a lease for its earlier
+        # incarnation to expire), and a client asking it then would drop every node of the
+        # group (librdkafka forgets the brokers a Metadata answer leaves out).
+        for service in self._services:
+            await service.start()
         listen = self.settings.listen_endpoint
         accept = (
             self._acceptor("bootstrap", self._bootstrap_candidates)
@@ -131,8 +138,6 @@ class ProxyServer:
         reached = await self.cluster.refresh_metadata()
         if not reached:
             log.warning("upstream not reachable yet; broker listeners open once it answers")
-        for service in self._services:
-            await service.start()
         self._refresh_task = background.start(
             self.cluster.keep_refreshed(self.settings.metadata_refresh_s, reached),
             "metadata-refresh",

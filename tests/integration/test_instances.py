@@ -45,6 +45,7 @@ from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, rea
 from tests.support.load import SequencedProducer
 from tests.support.ports import INSTANCES
 from tests.support.proxy_api import NODE_ID_STRIDE, admin_call, all_see_each_other, metric_total
+from tests.support.raw import metadata_node_ids
 from tests.support.restartable import RestartableProxy
 from tests.support.topics import delete_and_create_again, new_topic
 from tests.support.wait import wait_until
@@ -307,6 +308,35 @@ def _group_nodes(group: Group, broker: int) -> list[int]:
     assert {n % NODE_ID_STRIDE for n in nodes} == {broker}, "a node per instance for the broker"
     assert broker not in nodes, "no node has the broker's own id"
     return nodes
+
+
+def test_a_restarted_instance_answers_clients_only_once_it_knows_its_group(
+    group_factory: Any,
+) -> None:
+    """An instance killed and started again as the same instance waits for its earlier
+    incarnation's membership to expire (up to a lease) before it joins. Until then it
+    does not know its group: it would name the brokers by their own ids, as one instance
+    alone does, and a client asking it then drops every node of the group (librdkafka
+    forgets the brokers a Metadata answer leaves out) to learn them again later. So it
+    opens its listeners once it has joined: every Metadata answer it gives names the
+    group's nodes."""
+    group = group_factory(2)
+    _group_nodes(group, 0)  # both members joined
+    port = group.members[1].ports.listen
+    group.members[1].kill()
+    starting = threading.Thread(target=group.members[1].start, daemon=True)
+    starting.start()
+    answers = []
+    while starting.is_alive():
+        answers.append(metadata_node_ids(port))
+        time.sleep(0.02)
+    starting.join()
+    assert group.members[1].process is not None, "the instance started again"
+    answers.append(metadata_node_ids(port))
+    named = [ids for ids in answers if ids is not None]
+    assert named, "the instance answered once started"
+    own_ids = [ids for ids in named if min(ids) < NODE_ID_STRIDE]
+    assert own_ids == [], f"{len(own_ids)} answers named the brokers' own ids"
 
 
 def _java_tool(main_class: str, *args: str) -> str:

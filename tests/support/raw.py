@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import kio.schema.metadata.v12.request as metadata_v12
 import kio.schema.produce.v9.request as produce_v9
 import kio.schema.produce.v9.response as produce_v9_response
 import zstandard
@@ -179,6 +180,27 @@ def receive_exactly(sock: socket.socket, size: int) -> bytes:
 
 def correlation_id(payload: bytes) -> int:
     return int.from_bytes(payload[:4], "big", signed=True)
+
+
+# ----------------------------------------------------------------------------- Metadata
+
+METADATA = 3
+
+
+def metadata_node_ids(port: int, host: str = "127.0.0.1") -> list[int] | None:
+    """The node ids a Metadata v12 answer (no topics) from ``host:port`` lists; None when
+    nothing listens there."""
+    request = metadata_v12.MetadataRequest(
+        topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
+    )
+    try:
+        sock = socket.create_connection((host, port), timeout=10)
+    except ConnectionRefusedError:
+        return None
+    with sock:
+        sock.sendall(encode_request(request, 1))
+        answer = decode_response_body(METADATA, 12, read_response(sock), 5)  # flexible header
+    return sorted(int(broker.node_id) for broker in answer.brokers)
 
 
 # ----------------------------------------------------------------------------- Produce
