@@ -14,7 +14,6 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import kio.schema.api_versions.v3.request as api_versions_v3
-import kio.schema.metadata.v12.request as metadata_v12
 import pytest
 from confluent_kafka import Consumer, Producer
 from hypothesis import HealthCheck, given, settings
@@ -27,6 +26,7 @@ from proxy.kafka.upstream_client import encode_request
 from tests.support.raw import (
     MAX_FRAME_BYTES,
     correlation_id,
+    metadata_request,
     produce_request,
     read_response,
     record_batch,
@@ -51,12 +51,6 @@ def is_closed_by_peer(sock: socket.socket, timeout_s: float = 10) -> bool:
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
-
-
-def metadata_request() -> metadata_v12.MetadataRequest:
-    return metadata_v12.MetadataRequest(
-        topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
-    )
 
 
 def client_works(proxy: ProxyProcess) -> bool:

@@ -187,18 +187,22 @@ def correlation_id(payload: bytes) -> int:
 METADATA = 3
 
 
-def metadata_node_ids(port: int, host: str = "127.0.0.1") -> list[int] | None:
-    """The node ids a Metadata v12 answer (no topics) from ``host:port`` lists; None when
-    nothing listens there."""
-    request = metadata_v12.MetadataRequest(
+def metadata_request() -> metadata_v12.MetadataRequest:
+    """A Metadata v12 request for the brokers alone (no topics)."""
+    return metadata_v12.MetadataRequest(
         topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
     )
+
+
+def metadata_node_ids(port: int, host: str = "127.0.0.1") -> list[int] | None:
+    """The node ids a `metadata_request` answer from ``host:port`` lists; None when nothing
+    listens there."""
     try:
         sock = socket.create_connection((host, port), timeout=10)
     except ConnectionRefusedError:
         return None
     with sock:
-        sock.sendall(encode_request(request, 1))
+        sock.sendall(encode_request(metadata_request(), 1))
         answer = decode_response_body(METADATA, 12, read_response(sock), 5)  # flexible header
     return sorted(int(broker.node_id) for broker in answer.brokers)
 
