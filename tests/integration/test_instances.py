@@ -320,18 +320,36 @@ def test_a_restarted_instance_answers_clients_only_once_it_knows_its_group(
     forgets the brokers a Metadata answer leaves out) to learn them again later. So it
     opens its listeners once it has joined: every Metadata answer it gives names the
     group's nodes."""
-    group = group_factory(2)
+    # A lease long enough that the restarted instance is up well before its earlier
+    # incarnation's entry expires (a Python start takes seconds on a busy box).
+    group = group_factory(2, DEDUP_PROXY_LEASE_TTL_S="12")
     _group_nodes(group, 0)  # both members joined
     port = group.members[1].ports.listen
     group.members[1].kill()
-    starting = threading.Thread(target=group.members[1].start, daemon=True)
-    starting.start()
-    answers = []
-    while starting.is_alive():
-        answers.append(metadata_node_ids(port))
-        time.sleep(0.02)
-    starting.join()
-    assert group.members[1].process is not None, "the instance started again"
+    # Asked from a thread of its own while this one starts the instance: a process started
+    # from a thread is sent SIGTERM when that thread ends (the launcher's parent-death
+    # signal follows the thread).
+    answers: list[list[int] | None] = []
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def ask() -> None:
+        while not started.is_set():
+            try:
+                answers.append(metadata_node_ids(port))
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            time.sleep(0.02)
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    try:
+        group.members[1].start()
+    finally:
+        started.set()
+        asking.join(30)
+    assert errors == [], errors
     answers.append(metadata_node_ids(port))
     named = [ids for ids in answers if ids is not None]
     assert named, "the instance answered once started"
