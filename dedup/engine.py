@@ -26,9 +26,12 @@ For one client Produce request:
    client retries also refuses (retriable, nothing written) every request admitted on that
    partition before its answer went out: the client sent those without knowing, and
    written they would overtake its retry, whose records would then read as old duplicates.
-6. The client gets one answer per partition; where any record was dropped the base offset
-   is -1, never a wrong one. An unexpected failure is answered too: retriable, and the
-   partition is left accepting the retry (reset, or recovered when a write's fate is lost).
+6. The client gets one answer per partition; where some records were dropped the base
+   offset is -1, never a wrong one. A batch dropped whole is answered, as Kafka answers a
+   duplicate batch, with the offset the original got if this instance wrote it lately
+   (`dedup.recent_appends`), else -1 too. An unexpected failure is answered too:
+   retriable, and the partition is left accepting the retry (reset, or recovered when a
+   write's fate is lost).
 
 Before a partition's first check in this process, and whenever its state cannot be
 trusted (Redis lost it, a write stayed ambiguous, an operator asked), the partition is
@@ -80,6 +83,7 @@ from dedup.partitions import Key, PartitionState, Reach, _Ticket
 from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot
 from dedup.ports import Clock, Owners, Policies, StateStore, TopicIdLookup, Writer
+from dedup.recent_appends import Append, RecentAppends
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.sequence_gaps import SequenceGaps
 from dedup.state import (
@@ -261,6 +265,7 @@ class DedupEngine:
         max_sequence_jump: int = 0,
         topic_ids: TopicIdLookup | None = None,
         max_absent_partitions: int = MAX_ABSENT_PARTITIONS,
+        recent_append_producers: int = 10_000,
     ) -> None:
         self._state = state
         self._topic_ids = topic_ids  # None: a topic's id is never confirmed (unit tests)
@@ -280,6 +285,8 @@ class DedupEngine:
         # Partitions Kafka said it does not have, oldest first (`_remember_absent`)
         self._absent: OrderedDict[Key, None] = OrderedDict()
         self._max_absent = max_absent_partitions
+        # Where the latest batches went, to answer a batch sent again as Kafka does.
+        self._recent = RecentAppends(recent_append_producers)
         self._background: set[asyncio.Task[None]] = set()
         self._persisted = PersistedRecorder(
             state, on_lost=recoveries.state_lost, clock=clock, linger_s=persisted_linger_s
@@ -833,6 +840,7 @@ class DedupEngine:
         What is lost with it: were the partition created within the moment between a
         retriable refusal and the same producer's next request, that request could
         overtake the retry."""
+        self._recent.forget(key)  # the offsets of a log that is gone
         self._absent[key] = None
         self._absent.move_to_end(key)
         for _ in range(len(self._absent) - self._max_absent):  # the excess, oldest first
@@ -923,7 +931,7 @@ class DedupEngine:
             ]
             count = item.kept = sum(len(records) for records in kept)
             if count == 0:  # every record was a duplicate: success, nothing to write
-                item.answer = PartitionAnswer()
+                item.answer = self._duplicate_answer(item)
                 continue
             batch = BatchToWrite(
                 item.topic,
@@ -994,6 +1002,8 @@ class DedupEngine:
                     log_append_time_ms=result.log_append_time_ms,
                     log_start_offset=result.log_start_offset,
                 )
+                if item.checked and item.dropped == 0 and result.base_offset >= 0:
+                    self._remember_append(item, result)
             else:
                 if item.checked:
                     self._fail(item)
@@ -1004,6 +1014,25 @@ class DedupEngine:
                 )
             if item.ticket is not None:
                 item.state.cursor.settled(item.ticket, end_offset, written_records)
+
+    def _remember_append(self, item: _Work, result: WriteResult) -> None:
+        if (run := _whole_run(item)) is not None:
+            append = Append(run.first, run.count, result.base_offset, result.log_append_time_ms)
+            self._recent.record(item.key, run.producer, append)
+
+    def _duplicate_answer(self, item: _Work) -> PartitionAnswer:
+        """A batch dropped whole: answered with the original's offset and append time if
+        this instance wrote it lately, as Kafka's broker answers a duplicate batch; else
+        with offset -1."""
+        run = _whole_run(item)
+        if run is None:
+            return PartitionAnswer()
+        append = self._recent.find(item.key, run.producer, run.first, run.count)
+        if append is None:
+            return PartitionAnswer()
+        return PartitionAnswer(
+            base_offset=append.base_offset, log_append_time_ms=append.log_append_time_ms
+        )
 
     # ------------------------------------------------------------- 5. settle
 
@@ -1281,6 +1310,12 @@ def _highest_sequences(identities: Sequence[tuple[str, int]]) -> dict[str, Persi
         if known is None or sequence > known:  # plain sequences: no chunk positions here
             highest[producer] = sequence
     return cast(dict[str, Persisted], highest)  # a sequence is a Persisted: no copy
+
+
+def _whole_run(item: _Work) -> BatchRun | None:
+    """The one batch of the partition, when its records are one producer's sequences in a
+    row (a Kafka producer's batch always is)."""
+    return item.batches[0].run if len(item.batches) == 1 else None
 
 
 def _builder(

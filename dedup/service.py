@@ -185,6 +185,7 @@ class DedupService:
             max_sequence_jump=settings.max_sequence_jump,
             topic_ids=topic_ids,
             max_absent_partitions=settings.max_absent_partitions,
+            recent_append_producers=settings.recent_append_producers,
         )
         self.snapshotter = Snapshotter(
             self.engine,

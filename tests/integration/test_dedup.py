@@ -56,6 +56,7 @@ from tests.support.proxies import own_proxy
 from tests.support.proxy_api import admin_call
 from tests.support.raw import (
     explicit_batch,
+    idempotent_batch,
     identity_batch,
     produce_raw,
     produce_request,
@@ -170,6 +171,33 @@ def test_a_log_append_time_topic_gives_the_client_kafkas_append_time(
     assert message is not None and message.error() is None
     assert message.timestamp() == (TIMESTAMP_LOG_APPEND_TIME, reported)
     assert (kind, reported != created) == (TIMESTAMP_LOG_APPEND_TIME, True)
+
+
+def test_a_resent_batch_is_answered_with_its_originals_offset_and_append_time(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """A Kafka idempotent producer's batches sent again (their answers lost) are answered
+    as Kafka's broker answers a duplicate batch: with the offset and the log append time
+    the original got, so the client reports where the record is. Before, offset -1."""
+    topic = new_topic(local_env.bootstrap, config={"message.timestamp.type": "LogAppendTime"})
+
+    def send(base: int, count: int) -> Any:
+        keys = [f"k{base + i}".encode() for i in range(count)]
+        return produce_raw(
+            dedup_proxy, produce_request(topic, {0: idempotent_batch(keys, 7171, 0, base)})
+        )
+
+    sent = [send(0, 2), send(2, 3)]
+    assert [a.error_code for a in sent] == [0, 0]
+    assert sent[0].base_offset == first_offset(local_env.bootstrap, topic)
+    assert sent[1].base_offset == sent[0].base_offset + 2
+    assert all(a.log_append_time is not None for a in sent)
+    resent = [send(0, 2), send(2, 3)]
+    assert [(a.error_code, a.base_offset, a.log_append_time) for a in resent] == [
+        (0, a.base_offset, a.log_append_time) for a in sent
+    ]
+    assert send(1, 2).base_offset == -1, "not a batch written: no offset, never a wrong one"
+    assert values(local_env.bootstrap, topic) == [f"k{i}".encode() for i in range(5)]
 
 
 def test_discontinuous_sequence_ids(dedup_proxy: ProxyProcess, local_env: EnvInfo) -> None:

@@ -637,6 +637,7 @@ async def running(
     persisted_linger_s: float = 0.005,
     max_producers: int = 10_000,
     max_absent_partitions: int = 10_000,
+    recent_append_producers: int = 10_000,
 ) -> AsyncIterator[Rig]:
     state, writer, topic_ids = FakeState(), FakeWriter(), FakeTopicIds()
     recovery = FakeRecovery(state, writer, topic_ids)
@@ -659,6 +660,7 @@ async def running(
         max_producers=max_producers,
         topic_ids=topic_ids,
         max_absent_partitions=max_absent_partitions,
+        recent_append_producers=recent_append_producers,
     )
     if _check_state == "memory":  # what is checked is recorded as FakeState records it
         queue = engine._checks.queue
@@ -720,12 +722,13 @@ async def test_a_batch_of_new_records_is_written_as_the_client_sent_it_restamped
 
 
 async def test_a_batch_of_duplicates_only_is_answered_without_decoding_its_records() -> None:
-    """A blind re-send (a producer restarted): the check's verdicts say it all."""
+    """A blind re-send (a producer restarted): the check's verdicts say it all, and the
+    original's offset is found by the batch's identities alone."""
     async with running() as rig:
         assert ok((await rig.send((P0, records("p", [0, 1, 2]))))[P0])
         with mock.patch.object(LazyRecords, "_loaded", side_effect=AssertionError("decoded")):
             again = await rig.send((P0, records("p", [0, 1, 2])))
-        assert again[P0] == PartitionAnswer(base_offset=-1)
+        assert again[P0] == PartitionAnswer(base_offset=0)
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
 
 
@@ -905,14 +908,42 @@ async def test_reads_in_threads_keep_the_order_of_the_partition_line() -> None:
         ]
 
 
-async def test_a_resent_batch_is_dropped_answered_success_with_base_offset_minus_one() -> None:
+async def test_a_resent_batch_is_dropped_and_answered_with_its_originals_offset() -> None:
+    """As Kafka's broker answers a duplicate batch: with the offset the original got."""
     async with running() as rig:
         await rig.send((P0, records("p", [0, 1])))
+        await rig.send((P0, records("p", [2])))
         await rig.settle()
         again = await rig.send((P0, records("p", [0, 1])))
-        assert ok(again[P0]) and again[P0].base_offset == -1
-        assert rig.writer.log[P0] == in_order("p", [0, 1])
-        assert len(rig.writer.submitted) == 1, "nothing to write: the writer is not called"
+        assert again[P0] == PartitionAnswer(base_offset=0)
+        assert (await rig.send((P0, records("p", [2]))))[P0] == PartitionAnswer(base_offset=2)
+        assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
+        assert len(rig.writer.submitted) == 2, "nothing to write: the writer is not called"
+        # Not the sequences of one batch written: no offset to give, never a wrong one.
+        assert (await rig.send((P0, records("p", [1, 2]))))[P0] == PartitionAnswer(base_offset=-1)
+        assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=-1)
+
+
+async def test_a_resent_batch_is_answered_offset_minus_one_beyond_what_is_kept() -> None:
+    """The latest 5 batches of each producer, for the latest producers to write only."""
+    async with running(recent_append_producers=2) as rig:
+        for sequence in range(6):
+            await rig.send((P0, records("p", [sequence])))
+        await rig.settle()
+        oldest, kept = [(await rig.send((P0, records("p", [s]))))[P0] for s in (0, 1)]
+        assert (oldest, kept) == (PartitionAnswer(), PartitionAnswer(base_offset=1))
+        await rig.send((P0, records("q", [0])))
+        await rig.send((P1, records("p", [0])))  # (p, P0) is the least recent to write
+        await rig.settle()
+        resent = [
+            (await rig.send((key, records(producer, [sequence]))))[key]
+            for key, producer, sequence in [(P0, "p", 5), (P0, "q", 0), (P1, "p", 0)]
+        ]
+        assert resent == [
+            PartitionAnswer(),
+            PartitionAnswer(base_offset=6),
+            PartitionAnswer(base_offset=0),
+        ]
 
 
 async def test_a_batch_mixing_duplicates_and_new_records_writes_only_the_new() -> None:
@@ -931,7 +962,7 @@ async def test_a_resend_right_after_the_ack_is_a_duplicate_not_a_retry() -> None
     async with running(persisted_linger_s=30) as rig:
         assert ok((await rig.send((P0, records("p", [0, 1]))))[P0])
         again = await rig.send((P0, records("p", [0, 1])))
-        assert ok(again[P0]) and again[P0].base_offset == -1, again[P0]
+        assert again[P0] == PartitionAnswer(base_offset=0), again[P0]
         assert rig.state.acked_with_checks == (1 if rig.check_state == "redis" else 0)
         assert rig.writer.log[P0] == in_order("p", [0, 1])
         await asyncio.wait_for(rig.engine.flush_persisted(), 5)  # nothing left behind
@@ -951,7 +982,7 @@ async def test_unknown_records_are_refused_retriable_and_nothing_is_written() ->
         assert (await first)[P0] == PartitionAnswer(base_offset=1)
         await rig.settle()
         retried = await rig.send((P0, records("p", [1, 2])))
-        assert ok(retried[P0]) and retried[P0].base_offset == -1
+        assert retried[P0] == PartitionAnswer(base_offset=1)
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
 
 
@@ -1219,12 +1250,13 @@ async def test_a_kafka_producer_goes_on_past_the_wrap_of_its_sequences() -> None
         ]
         assert rig.writer.log[P0] == in_order(producer, range(wrap - 4, wrap + 4))
         retried = await rig.send((P0, kafka_batch(2, 2)))
-        assert retried[P0] == PartitionAnswer(base_offset=-1), "a retry is still a duplicate"
+        assert retried[P0] == PartitionAnswer(base_offset=6), "a retry is still a duplicate"
         # A new owner knows where the producer is from the log's headers: here, the
         # partition is let go of (what this owner knew of it forgotten) and taken again.
         rig.scheduler.forget(P0)
         assert (await rig.send((P0, kafka_batch(4, 2))))[P0] == PartitionAnswer(base_offset=8)
-        assert (await rig.send((P0, kafka_batch(2, 2))))[P0] == PartitionAnswer(base_offset=-1)
+        # A duplicate, answered with the offset Kafka gave it: known here still.
+        assert (await rig.send((P0, kafka_batch(2, 2))))[P0] == PartitionAnswer(base_offset=6)
         assert rig.writer.log[P0] == in_order(producer, range(wrap - 4, wrap + 6))
 
 
@@ -1342,7 +1374,7 @@ async def test_a_retry_of_records_in_flight_holds_back_only_its_producers_reques
         await rig.settle()
         # The client sends both again, in order: the first reads as a duplicate now.
         again = await rig.send((P0, records("p", [1, 2])))
-        assert ok(again[P0]) and again[P0].base_offset == -1
+        assert again[P0] == PartitionAnswer(base_offset=1)
         assert (await rig.send((P0, records("p", [3]))))[P0] == PartitionAnswer(base_offset=4)
         assert rig.writer.log[P0] == [*in_order("p", [0, 1, 2]), ("q", 0), *in_order("p", [3])]
 
@@ -2013,6 +2045,7 @@ async def test_a_deleted_topics_partition_is_let_go_by_the_topic_watch() -> None
         await rig.engine.confirm_topics()  # the next pass: given up already
         assert rig.owners.let_go_of == [P0]
         assert counted("dedup_topic_deleted_total") == before + 1
+        assert rig.engine._recent.find(P0, "p", 0, 2) is None, "offsets of a log gone kept"
         assert not rig.engine.partition_states()[P0].recovered
         await asyncio.sleep(0.1)
         assert len(rig.recovery.calls) == runs and rig.scheduler.failing() == {}

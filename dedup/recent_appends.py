@@ -1,0 +1,74 @@
+"""Where a producer's latest batches went in the log, so that a batch sent again and dropped
+whole as duplicates is answered as Kafka's broker answers one: with the offset and the log
+append time it gave the original (Kafka keeps the last 5 batches of each producer for this,
+`ProducerStateEntry`; a Java producer then reports the record's real offset, not -1).
+
+Only what this instance wrote since it started is known, for the latest
+``max_producer_partitions`` (producer, partition) pairs to write: a re-send that meets
+none of it (another instance wrote the original, or a restart came between) is answered
+-1, as before. The offsets are the log's, so they stay right across a handoff or a
+recovery; a partition Kafka says it does not have (its topic deleted) forgets its own.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from dedup.partitions import Key
+
+BATCHES_PER_PRODUCER = 5  # Kafka's: at most 5 requests of an idempotent producer in flight
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One batch as written: the producer's sequences ``first`` .. ``first + count - 1``."""
+
+    first: int
+    count: int
+    base_offset: int
+    log_append_time_ms: int  # -1 for a topic with create-time timestamps
+
+
+class RecentAppends:
+    def __init__(self, max_producer_partitions: int) -> None:
+        self._max = max_producer_partitions
+        # Per partition and producer, its latest appends; the least recently written first.
+        self._appends: OrderedDict[tuple[Key, str], deque[Append]] = OrderedDict()
+        self._producers: dict[Key, set[str]] = {}  # to forget a partition without a scan
+
+    def __len__(self) -> int:
+        return len(self._appends)
+
+    def record(self, key: Key, producer: str, append: Append) -> None:
+        if self._max <= 0:
+            return
+        entry = (key, producer)
+        appends = self._appends.get(entry)
+        if appends is None:
+            appends = self._appends[entry] = deque(maxlen=BATCHES_PER_PRODUCER)
+            self._producers.setdefault(key, set()).add(producer)
+            if len(self._appends) > self._max:
+                self._drop(next(iter(self._appends)))
+        else:
+            self._appends.move_to_end(entry)
+        appends.append(append)
+
+    def find(self, key: Key, producer: str, first: int, count: int) -> Append | None:
+        """The append of exactly these sequences, if it is among the producer's latest."""
+        for append in self._appends.get((key, producer), ()):
+            if append.first == first and append.count == count:
+                return append
+        return None
+
+    def forget(self, key: Key) -> None:
+        for producer in list(self._producers.get(key, ())):
+            self._drop((key, producer))
+
+    def _drop(self, entry: tuple[Key, str]) -> None:
+        key, producer = entry
+        del self._appends[entry]
+        producers = self._producers[key]
+        producers.discard(producer)
+        if not producers:
+            del self._producers[key]

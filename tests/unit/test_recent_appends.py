@@ -1,0 +1,49 @@
+"""The offsets kept to answer a re-sent batch as Kafka does (`dedup.recent_appends`)."""
+
+from dedup.recent_appends import BATCHES_PER_PRODUCER, Append, RecentAppends
+
+P0, P1 = ("orders", 0), ("orders", 1)
+
+
+def append(first: int, count: int = 1) -> Append:
+    return Append(first, count, base_offset=100 + first, log_append_time_ms=-1)
+
+
+def test_a_batch_is_found_by_exactly_its_sequences_among_the_latest_five() -> None:
+    recent = RecentAppends(10)
+    for first in range(0, 2 * (BATCHES_PER_PRODUCER + 1), 2):
+        recent.record(P0, "p", append(first, 2))
+    assert recent.find(P0, "p", 0, 2) is None, "older than the producer's latest 5"
+    assert recent.find(P0, "p", 2, 2) == append(2, 2)
+    assert recent.find(P0, "p", 2, 1) is None and recent.find(P0, "p", 3, 2) is None
+    assert recent.find(P1, "p", 2, 2) is None and recent.find(P0, "q", 2, 2) is None
+
+
+def test_the_least_recently_written_producer_goes_first() -> None:
+    recent = RecentAppends(2)
+    recent.record(P0, "p", append(0))
+    recent.record(P0, "q", append(0))
+    recent.record(P0, "p", append(1))  # p written again: q is now the oldest
+    recent.record(P1, "p", append(0))
+    assert len(recent) == 2
+    assert recent.find(P0, "q", 0, 1) is None
+    assert recent.find(P0, "p", 0, 1) == append(0) and recent.find(P1, "p", 0, 1) == append(0)
+
+
+def test_a_partition_forgotten_keeps_nothing_and_the_others_stay() -> None:
+    recent = RecentAppends(10)
+    for producer in ("p", "q"):
+        recent.record(P0, producer, append(0))
+    recent.record(P1, "p", append(0))
+    recent.forget(P0)
+    recent.forget(("gone", 0))  # never written: nothing to do
+    assert len(recent) == 1 and recent.find(P0, "p", 0, 1) is None
+    assert recent.find(P1, "p", 0, 1) == append(0)
+    recent.record(P0, "p", append(3))  # written again after all
+    assert recent.find(P0, "p", 3, 1) == append(3)
+
+
+def test_none_kept_when_the_bound_is_zero() -> None:
+    recent = RecentAppends(0)
+    recent.record(P0, "p", append(0))
+    assert len(recent) == 0 and recent.find(P0, "p", 0, 1) is None
