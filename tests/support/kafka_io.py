@@ -14,6 +14,14 @@ def read_all(
 ) -> list[tuple[bytes, dict[str, bytes]]]:
     """Every record of the partition, read straight from Kafka: (value, headers).
     ``config``: more consumer settings (security)."""
+    return [
+        (message.value(), dict(message.headers() or []))
+        for message in read_messages(bootstrap, topic, partition, **config)
+    ]
+
+
+def read_messages(bootstrap: str, topic: str, partition: int = 0, **config: str) -> list[Message]:
+    """Every record of the partition, read straight from Kafka, as the consumer gives it."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -25,7 +33,7 @@ def read_all(
     try:
         _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
         consumer.assign([TopicPartition(topic, partition, 0)])
-        records: list[tuple[bytes, dict[str, bytes]]] = []
+        messages: list[Message] = []
         deadline = time.monotonic() + 60
         # Offsets are not all records: the proxy's fence leaves transaction markers.
         while time.monotonic() < deadline:
@@ -34,8 +42,8 @@ def read_all(
                 break
             for message in consumer.consume(1000, 0.5):
                 assert message.error() is None, message.error()
-                records.append((message.value(), dict(message.headers() or [])))
-        return records
+                messages.append(message)
+        return messages
     finally:
         consumer.close()
 
