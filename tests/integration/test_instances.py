@@ -288,15 +288,19 @@ def test_kafkas_own_tools_name_brokers_by_node_id_through_a_group(
     assert f"Reassignment of partition {topic}-0 is completed" in verified, verified
 
 
-def _group_nodes(group: Group, broker: int) -> list[int]:
-    """The node ids the group gives the broker, one per instance (never the broker's own),
-    asked once both instances know each other (before, one instance names the brokers'
-    own ids)."""
+def _wait_joined(group: Group) -> None:
     wait_until(
         lambda: all_see_each_other([group.proxy(i).admin_url for i in range(2)]),
         timeout_s=30,
         what="both instances see each other",
     )
+
+
+def _group_nodes(group: Group, broker: int) -> list[int]:
+    """The node ids the group gives the broker, one per instance (never the broker's own),
+    asked once both instances know each other (before, one instance names the brokers'
+    own ids)."""
+    _wait_joined(group)
     admin = AdminClient({"bootstrap.servers": group.proxy(0).bootstrap})
     nodes: list[int] = []
 
@@ -323,7 +327,7 @@ def test_a_restarted_instance_answers_clients_only_once_it_knows_its_group(
     # A lease long enough that the restarted instance is up well before its earlier
     # incarnation's entry expires (a Python start takes seconds on a busy box).
     group = group_factory(2, DEDUP_PROXY_LEASE_TTL_S="12")
-    _group_nodes(group, 0)  # both members joined
+    _wait_joined(group)
     port = group.members[1].ports.listen
     group.members[1].kill()
     # Asked from a thread of its own while this one starts the instance: a process started
