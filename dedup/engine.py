@@ -1017,8 +1017,9 @@ class DedupEngine:
 
     def _remember_append(self, item: _Work, result: WriteResult) -> None:
         if (run := _whole_run(item)) is not None:
-            append = Append(run.first, run.count, result.base_offset, result.log_append_time_ms)
-            self._recent.record(item.key, run.producer, append)
+            producer, first, count = run
+            append = Append(first, count, result.base_offset, result.log_append_time_ms)
+            self._recent.record(item.key, producer, append)
 
     def _duplicate_answer(self, item: _Work) -> PartitionAnswer:
         """A batch dropped whole: answered with the original's offset and append time if
@@ -1027,7 +1028,7 @@ class DedupEngine:
         run = _whole_run(item)
         if run is None:
             return PartitionAnswer()
-        append = self._recent.find(item.key, run.producer, run.first, run.count)
+        append = self._recent.find(item.key, *run)
         if append is None:
             return PartitionAnswer()
         return PartitionAnswer(
@@ -1312,10 +1313,24 @@ def _highest_sequences(identities: Sequence[tuple[str, int]]) -> dict[str, Persi
     return cast(dict[str, Persisted], highest)  # a sequence is a Persisted: no copy
 
 
-def _whole_run(item: _Work) -> BatchRun | None:
-    """The one batch of the partition, when its records are one producer's sequences in a
-    row (a Kafka producer's batch always is)."""
-    return item.batches[0].run if len(item.batches) == 1 else None
+def _whole_run(item: _Work) -> tuple[str, int, int] | None:
+    """The producer, first sequence and count of the partition's one batch, when its
+    records are one producer's sequences in a row (a Kafka producer's batch always is)."""
+    if len(item.batches) != 1:
+        return None
+    batch = item.batches[0]
+    if batch.run is not None:  # the Rust scan's, no record looked at
+        return batch.run.producer, batch.run.first, batch.run.count
+    identities = [record.identity for record in batch.records]  # read in Python already
+    first = identities[0] if identities else None
+    if first is None or any(
+        identity is None
+        or identity.producer != first.producer
+        or identity.sequence != first.sequence + index
+        for index, identity in enumerate(identities)
+    ):
+        return None
+    return first.producer, first.sequence, len(identities)
 
 
 def _builder(

@@ -58,6 +58,7 @@ from dedup.batches import (
     build_batch,
     read_batches,
     restamp_batch,
+    use_native_scan,
 )
 from dedup.engine import FIRST_USE_LOOKUPS, READ_IN_THREAD_BYTES, DedupEngine, PartitionAnswer
 from dedup.fencing import FenceError
@@ -908,7 +909,20 @@ async def test_reads_in_threads_keep_the_order_of_the_partition_line() -> None:
         ]
 
 
-async def test_a_resent_batch_is_dropped_and_answered_with_its_originals_offset() -> None:
+@pytest.fixture(params=["rust_scan", "python_readers"])
+def record_scan(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The batches read by the Rust scan (identities found as a whole) or, with
+    `native_record_scan = false`, by the Python readers (record by record)."""
+    use_native_scan(request.param == "rust_scan")
+    try:
+        yield request.param
+    finally:
+        use_native_scan(True)
+
+
+async def test_a_resent_batch_is_dropped_and_answered_with_its_originals_offset(
+    record_scan: str,
+) -> None:
     """As Kafka's broker answers a duplicate batch: with the offset the original got."""
     async with running() as rig:
         await rig.send((P0, records("p", [0, 1])))
@@ -922,6 +936,7 @@ async def test_a_resent_batch_is_dropped_and_answered_with_its_originals_offset(
         # Not the sequences of one batch written: no offset to give, never a wrong one.
         assert (await rig.send((P0, records("p", [1, 2]))))[P0] == PartitionAnswer(base_offset=-1)
         assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=-1)
+        assert (await rig.send((P0, records("p", [0, 2]))))[P0] == PartitionAnswer(base_offset=-1)
 
 
 async def test_a_resent_batch_is_answered_offset_minus_one_beyond_what_is_kept() -> None:
