@@ -52,6 +52,11 @@ class RecentAppends:
                 self._drop(next(iter(self._appends)))
         else:
             self._appends.move_to_end(entry)
+            if append.first < appends[-1].first + appends[-1].count:
+                # Not above the last: the producer started its sequences again (its state
+                # purged when idle, or Kafka's wrapped). The earlier appends no longer say
+                # where these sequences are.
+                appends.clear()
         appends.append(append)
 
     def find(self, key: Key, producer: str, first: int, count: int) -> Append | None:

@@ -19,6 +19,19 @@ def test_a_batch_is_found_by_exactly_its_sequences_among_the_latest_five() -> No
     assert recent.find(P1, "p", 2, 2) is None and recent.find(P0, "q", 2, 2) is None
 
 
+def test_sequences_written_again_are_found_only_where_they_were_written_last() -> None:
+    """A producer whose state was purged (idle) starts its sequences again: its new writes
+    are the originals of a re-send now, and what it wrote before says nothing of them."""
+    recent = RecentAppends(10)
+    recent.record(P0, "p", Append(0, 2, base_offset=10, log_append_time_ms=-1))
+    recent.record(P0, "p", Append(0, 3, base_offset=50, log_append_time_ms=-1))
+    assert recent.find(P0, "p", 0, 2) is None, "sequences 0 and 1 are at offset 50 now"
+    found = recent.find(P0, "p", 0, 3)
+    assert found is not None and found.base_offset == 50
+    recent.record(P0, "p", Append(3, 1, base_offset=53, log_append_time_ms=-1))
+    assert recent.find(P0, "p", 0, 3) == found, "a write above the last keeps the others"
+
+
 def test_the_least_recently_written_producer_goes_first() -> None:
     recent = RecentAppends(2)
     recent.record(P0, "p", append(0))
