@@ -28,10 +28,10 @@ For one client Produce request:
    written they would overtake its retry, whose records would then read as old duplicates.
 6. The client gets one answer per partition; where some records were dropped the base
    offset is -1, never a wrong one. A batch dropped whole is answered, as Kafka answers a
-   duplicate batch, with the offset the original got if this instance wrote it lately
-   (`dedup.recent_appends`), else -1 too. An unexpected failure is answered too:
-   retriable, and the partition is left accepting the retry (reset, or recovered when a
-   write's fate is lost).
+   duplicate batch, with the offset the original got if this instance wrote it lately and
+   has held the partition since (`dedup.recent_appends`), else -1 too. An unexpected
+   failure is answered too: retriable, and the partition is left accepting the retry
+   (reset, or recovered when a write's fate is lost).
 
 Before a partition's first check in this process, and whenever its state cannot be
 trusted (Redis lost it, a write stayed ambiguous, an operator asked), the partition is
@@ -1018,17 +1018,17 @@ class DedupEngine:
     def _remember_append(self, item: _Work, result: WriteResult) -> None:
         if (run := _whole_run(item)) is not None:
             producer, first, count = run
-            append = Append(first, count, result.base_offset, result.log_append_time_ms)
+            append = Append(first, count, result.base_offset, result.log_append_time_ms, item.token)
             self._recent.record(item.key, producer, append)
 
     def _duplicate_answer(self, item: _Work) -> PartitionAnswer:
         """A batch dropped whole: answered with the original's offset and append time if
-        this instance wrote it lately, as Kafka's broker answers a duplicate batch; else
-        with offset -1."""
+        this instance wrote it lately, under the partition's current recovery token, as
+        Kafka's broker answers a duplicate batch; else with offset -1."""
         run = _whole_run(item)
         if run is None:
             return PartitionAnswer()
-        append = self._recent.find(item.key, *run)
+        append = self._recent.find(item.key, *run, item.token)
         if append is None:
             return PartitionAnswer()
         return PartitionAnswer(

@@ -3,11 +3,13 @@ whole as duplicates is answered as Kafka's broker answers one: with the offset a
 append time it gave the original (Kafka keeps the last 5 batches of each producer for this,
 `ProducerStateEntry`; a Java producer then reports the record's real offset, not -1).
 
-Only what this instance wrote since it started is known, for the latest
-``max_producer_partitions`` (producer, partition) pairs to write: a re-send that meets
-none of it (another instance wrote the original, or a restart came between) is answered
--1, as before. The offsets are the log's, so they stay right across a handoff or a
-recovery; a partition Kafka says it does not have (its topic deleted) forgets its own.
+Only what this instance wrote under its current hold of the partition is known (an append
+is kept with the partition's recovery token, which names the lease and the topic's
+incarnation: while it holds, no one else writes the partition), for the latest
+``max_producer_partitions`` (producer, partition) pairs to write. A re-send that meets
+none of it (another instance wrote the original, or the partition changed hands or was
+created again since) is answered -1, as before; so is one that is not exactly a batch
+written. A partition Kafka says it does not have forgets its own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Append:
     count: int
     base_offset: int
     log_append_time_ms: int  # -1 for a topic with create-time timestamps
+    token: str  # the partition's recovery token it was written under
 
 
 class RecentAppends:
@@ -52,17 +55,20 @@ class RecentAppends:
                 self._drop(next(iter(self._appends)))
         else:
             self._appends.move_to_end(entry)
-            if append.first < appends[-1].first + appends[-1].count:
-                # Not above the last: the producer started its sequences again (its state
-                # purged when idle, or Kafka's wrapped). The earlier appends no longer say
-                # where these sequences are.
+            last = appends[-1]
+            if append.token != last.token or append.first < last.first + last.count:
+                # Written under another hold of the partition, or not above the last (the
+                # producer started its sequences again: its state purged when idle, or
+                # Kafka's wrapped): the earlier appends may no longer say where these
+                # sequences are.
                 appends.clear()
         appends.append(append)
 
-    def find(self, key: Key, producer: str, first: int, count: int) -> Append | None:
-        """The append of exactly these sequences, if it is among the producer's latest."""
+    def find(self, key: Key, producer: str, first: int, count: int, token: str) -> Append | None:
+        """The append of exactly these sequences, if it is among the producer's latest and
+        was written under this recovery token."""
         for append in self._appends.get((key, producer), ()):
-            if append.first == first and append.count == count:
+            if append.first == first and append.count == count and append.token == token:
                 return append
         return None
 

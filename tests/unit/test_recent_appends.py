@@ -3,33 +3,45 @@
 from dedup.recent_appends import BATCHES_PER_PRODUCER, Append, RecentAppends
 
 P0, P1 = ("orders", 0), ("orders", 1)
+HELD = "inst-0.1"  # the recovery token of this hold of the partitions
 
 
-def append(first: int, count: int = 1) -> Append:
-    return Append(first, count, base_offset=100 + first, log_append_time_ms=-1)
+def append(first: int, count: int = 1, token: str = HELD) -> Append:
+    return Append(first, count, base_offset=100 + first, log_append_time_ms=-1, token=token)
 
 
 def test_a_batch_is_found_by_exactly_its_sequences_among_the_latest_five() -> None:
     recent = RecentAppends(10)
     for first in range(0, 2 * (BATCHES_PER_PRODUCER + 1), 2):
         recent.record(P0, "p", append(first, 2))
-    assert recent.find(P0, "p", 0, 2) is None, "older than the producer's latest 5"
-    assert recent.find(P0, "p", 2, 2) == append(2, 2)
-    assert recent.find(P0, "p", 2, 1) is None and recent.find(P0, "p", 3, 2) is None
-    assert recent.find(P1, "p", 2, 2) is None and recent.find(P0, "q", 2, 2) is None
+    assert recent.find(P0, "p", 0, 2, HELD) is None, "older than the producer's latest 5"
+    assert recent.find(P0, "p", 2, 2, HELD) == append(2, 2)
+    assert recent.find(P0, "p", 2, 1, HELD) is None and recent.find(P0, "p", 3, 2, HELD) is None
+    assert recent.find(P1, "p", 2, 2, HELD) is None and recent.find(P0, "q", 2, 2, HELD) is None
 
 
 def test_sequences_written_again_are_found_only_where_they_were_written_last() -> None:
     """A producer whose state was purged (idle) starts its sequences again: its new writes
     are the originals of a re-send now, and what it wrote before says nothing of them."""
     recent = RecentAppends(10)
-    recent.record(P0, "p", Append(0, 2, base_offset=10, log_append_time_ms=-1))
-    recent.record(P0, "p", Append(0, 3, base_offset=50, log_append_time_ms=-1))
-    assert recent.find(P0, "p", 0, 2) is None, "sequences 0 and 1 are at offset 50 now"
-    found = recent.find(P0, "p", 0, 3)
+    recent.record(P0, "p", Append(0, 2, base_offset=10, log_append_time_ms=-1, token=HELD))
+    recent.record(P0, "p", Append(0, 3, base_offset=50, log_append_time_ms=-1, token=HELD))
+    assert recent.find(P0, "p", 0, 2, HELD) is None, "sequences 0 and 1 are at offset 50 now"
+    found = recent.find(P0, "p", 0, 3, HELD)
     assert found is not None and found.base_offset == 50
-    recent.record(P0, "p", Append(3, 1, base_offset=53, log_append_time_ms=-1))
-    assert recent.find(P0, "p", 0, 3) == found, "a write above the last keeps the others"
+    recent.record(P0, "p", Append(3, 1, base_offset=53, log_append_time_ms=-1, token=HELD))
+    assert recent.find(P0, "p", 0, 3, HELD) == found, "a write above the last keeps the others"
+
+
+def test_an_append_is_found_only_under_the_hold_it_was_written_in() -> None:
+    """The partition changed hands (a new lease, a new token) or its topic was created
+    again: another may have written the producer's sequences since."""
+    recent = RecentAppends(10)
+    recent.record(P0, "p", append(0, 2))
+    assert recent.find(P0, "p", 0, 2, "inst-0.2") is None
+    recent.record(P0, "p", append(2, 2, token="inst-0.2"))
+    assert recent.find(P0, "p", 2, 2, "inst-0.2") == append(2, 2, token="inst-0.2")
+    assert recent.find(P0, "p", 0, 2, HELD) is None, "a hold's appends go with the next's"
 
 
 def test_the_least_recently_written_producer_goes_first() -> None:
@@ -39,8 +51,10 @@ def test_the_least_recently_written_producer_goes_first() -> None:
     recent.record(P0, "p", append(1))  # p written again: q is now the oldest
     recent.record(P1, "p", append(0))
     assert len(recent) == 2
-    assert recent.find(P0, "q", 0, 1) is None
-    assert recent.find(P0, "p", 0, 1) == append(0) and recent.find(P1, "p", 0, 1) == append(0)
+    assert recent.find(P0, "q", 0, 1, HELD) is None
+    assert recent.find(P0, "p", 0, 1, HELD) == append(0) and recent.find(
+        P1, "p", 0, 1, HELD
+    ) == append(0)
 
 
 def test_a_partition_forgotten_keeps_nothing_and_the_others_stay() -> None:
@@ -50,13 +64,13 @@ def test_a_partition_forgotten_keeps_nothing_and_the_others_stay() -> None:
     recent.record(P1, "p", append(0))
     recent.forget(P0)
     recent.forget(("gone", 0))  # never written: nothing to do
-    assert len(recent) == 1 and recent.find(P0, "p", 0, 1) is None
-    assert recent.find(P1, "p", 0, 1) == append(0)
+    assert len(recent) == 1 and recent.find(P0, "p", 0, 1, HELD) is None
+    assert recent.find(P1, "p", 0, 1, HELD) == append(0)
     recent.record(P0, "p", append(3))  # written again after all
-    assert recent.find(P0, "p", 3, 1) == append(3)
+    assert recent.find(P0, "p", 3, 1, HELD) == append(3)
 
 
 def test_none_kept_when_the_bound_is_zero() -> None:
     recent = RecentAppends(0)
     recent.record(P0, "p", append(0))
-    assert len(recent) == 0 and recent.find(P0, "p", 0, 1) is None
+    assert len(recent) == 0 and recent.find(P0, "p", 0, 1, HELD) is None
