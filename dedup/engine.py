@@ -1026,11 +1026,11 @@ class DedupEngine:
         this instance wrote it lately, under the partition's current recovery token, as
         Kafka's broker answers a duplicate batch; else with offset -1."""
         run = _whole_run(item)
-        if run is None:
-            return PartitionAnswer()
-        append = self._recent.find(item.key, *run, item.token)
+        append = None if run is None else self._recent.find(item.key, *run, item.token)
         if append is None:
+            metrics.DUPLICATE_NO_OFFSET.inc()
             return PartitionAnswer()
+        metrics.DUPLICATE_ORIGINAL_OFFSET.inc()
         return PartitionAnswer(
             base_offset=append.base_offset, log_append_time_ms=append.log_append_time_ms
         )

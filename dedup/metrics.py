@@ -52,6 +52,20 @@ REFUSED_BEHIND = Counter(
 BAD_INPUT = Counter(
     "dedup_bad_input_total", "Partition batches refused for bad input, by error", ["error"]
 )
+DUPLICATE_BATCHES = Counter(
+    "dedup_duplicate_batches_total",
+    "Partition batches dropped whole as duplicates, by the offset they were answered with: "
+    "original (the one the original got, as Kafka answers a duplicate batch) or none (-1: "
+    "not a batch this instance wrote lately under its hold of the partition)",
+    ["offset"],
+)
+DUPLICATE_ORIGINAL_OFFSET = DUPLICATE_BATCHES.labels("original")
+DUPLICATE_NO_OFFSET = DUPLICATE_BATCHES.labels("none")
+RECENT_APPEND_PRODUCERS = Gauge(
+    "dedup_recent_append_producers",
+    "(producer, partition) pairs whose latest batches' offsets are kept, to answer their "
+    "duplicates with them (at most recent_append_producers)",
+)
 EVICTIONS = Counter(
     "dedup_producer_evictions_total",
     "Producers evicted because a partition tracked its maximum number of producers",

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from dedup import metrics
 from dedup.partitions import Key
 
 BATCHES_PER_PRODUCER = 5  # Kafka's: at most 5 requests of an idempotent producer in flight
@@ -53,6 +54,7 @@ class RecentAppends:
             self._producers.setdefault(key, set()).add(producer)
             if len(self._appends) > self._max:
                 self._drop(next(iter(self._appends)))
+            metrics.RECENT_APPEND_PRODUCERS.set(len(self._appends))
         else:
             self._appends.move_to_end(entry)
             last = appends[-1]
@@ -73,8 +75,12 @@ class RecentAppends:
         return None
 
     def forget(self, key: Key) -> None:
-        for producer in list(self._producers.get(key, ())):
+        producers = self._producers.get(key)
+        if not producers:
+            return  # the common case: a partition that never existed
+        for producer in list(producers):
             self._drop((key, producer))
+        metrics.RECENT_APPEND_PRODUCERS.set(len(self._appends))
 
     def _drop(self, entry: tuple[Key, str]) -> None:
         key, producer = entry

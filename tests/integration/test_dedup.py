@@ -59,7 +59,7 @@ from tests.support.ports import (
     RELAYED,
 )
 from tests.support.proxies import own_proxy
-from tests.support.proxy_api import admin_call
+from tests.support.proxy_api import admin_call, metric_total
 from tests.support.raw import (
     explicit_batch,
     idempotent_batch,
@@ -193,6 +193,8 @@ def test_a_resent_batch_is_answered_with_its_originals_offset_and_append_time(
             dedup_proxy, produce_request(topic, {0: idempotent_batch(keys, 7171, 0, base)})
         )
 
+    original = 'dedup_duplicate_batches_total{offset="original"'
+    before = metric_total(dedup_proxy, original)
     sent = [send(0, 2), send(2, 3)]
     assert [a.error_code for a in sent] == [0, 0]
     assert sent[0].base_offset == first_offset(local_env.bootstrap, topic)
@@ -203,6 +205,7 @@ def test_a_resent_batch_is_answered_with_its_originals_offset_and_append_time(
         (0, a.base_offset, a.log_append_time) for a in sent
     ]
     assert send(1, 2).base_offset == -1, "not a batch written: no offset, never a wrong one"
+    assert metric_total(dedup_proxy, original) == before + 2
     assert values(local_env.bootstrap, topic) == [f"k{i}".encode() for i in range(5)]
 
 

@@ -924,10 +924,16 @@ async def test_a_resent_batch_is_dropped_and_answered_with_its_originals_offset(
     record_scan: str,
 ) -> None:
     """As Kafka's broker answers a duplicate batch: with the offset the original got."""
+
+    def answered() -> tuple[float, float]:
+        name = "dedup_duplicate_batches_total"
+        return counted(name, {"offset": "original"}), counted(name, {"offset": "none"})
+
     async with running() as rig:
         await rig.send((P0, records("p", [0, 1])))
         await rig.send((P0, records("p", [2])))
         await rig.settle()
+        original, none = answered()
         again = await rig.send((P0, records("p", [0, 1])))
         assert again[P0] == PartitionAnswer(base_offset=0)
         assert (await rig.send((P0, records("p", [2]))))[P0] == PartitionAnswer(base_offset=2)
@@ -937,6 +943,7 @@ async def test_a_resent_batch_is_dropped_and_answered_with_its_originals_offset(
         assert (await rig.send((P0, records("p", [1, 2]))))[P0] == PartitionAnswer(base_offset=-1)
         assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=-1)
         assert (await rig.send((P0, records("p", [0, 2]))))[P0] == PartitionAnswer(base_offset=-1)
+        assert answered() == (original + 2, none + 3)
 
 
 async def test_a_resent_batch_is_answered_offset_minus_one_beyond_what_is_kept() -> None:

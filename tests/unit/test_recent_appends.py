@@ -1,9 +1,15 @@
 """The offsets kept to answer a re-sent batch as Kafka does (`dedup.recent_appends`)."""
 
+from prometheus_client import REGISTRY
+
 from dedup.recent_appends import BATCHES_PER_PRODUCER, Append, RecentAppends
 
 P0, P1 = ("orders", 0), ("orders", 1)
 HELD = "inst-0.1"  # the recovery token of this hold of the partitions
+
+
+def kept_gauge() -> float | None:
+    return REGISTRY.get_sample_value("dedup_recent_append_producers")
 
 
 def append(first: int, count: int = 1, token: str = HELD) -> Append:
@@ -50,7 +56,7 @@ def test_the_least_recently_written_producer_goes_first() -> None:
     recent.record(P0, "q", append(0))
     recent.record(P0, "p", append(1))  # p written again: q is now the oldest
     recent.record(P1, "p", append(0))
-    assert len(recent) == 2
+    assert len(recent) == kept_gauge() == 2
     assert recent.find(P0, "q", 0, 1, HELD) is None
     assert recent.find(P0, "p", 0, 1, HELD) == append(0) and recent.find(
         P1, "p", 0, 1, HELD
@@ -64,7 +70,8 @@ def test_a_partition_forgotten_keeps_nothing_and_the_others_stay() -> None:
     recent.record(P1, "p", append(0))
     recent.forget(P0)
     recent.forget(("gone", 0))  # never written: nothing to do
-    assert len(recent) == 1 and recent.find(P0, "p", 0, 1, HELD) is None
+    assert len(recent) == kept_gauge() == 1
+    assert recent.find(P0, "p", 0, 1, HELD) is None
     assert recent.find(P1, "p", 0, 1, HELD) == append(0)
     recent.record(P0, "p", append(3))  # written again after all
     assert recent.find(P0, "p", 3, 1, HELD) == append(3)
