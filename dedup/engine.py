@@ -92,6 +92,7 @@ from dedup.state import (
     Persisted,
     RunIdentities,
     Status,
+    check_runs,
     persisted_position,
 )
 from dedup.topic_ids import UnknownTopic
@@ -1321,16 +1322,14 @@ def _whole_run(item: _Work) -> tuple[str, int, int] | None:
     batch = item.batches[0]
     if batch.run is not None:  # the Rust scan's, no record looked at
         return batch.run.producer, batch.run.first, batch.run.count
-    identities = [record.identity for record in batch.records]  # read in Python already
-    first = identities[0] if identities else None
-    if first is None or any(
-        identity is None
-        or identity.producer != first.producer
-        or identity.sequence != first.sequence + index
-        for index, identity in enumerate(identities)
-    ):
+    identities = [  # the records are read in Python already
+        (r.identity.producer, r.identity.sequence) for r in batch.records if r.identity
+    ]
+    runs = check_runs(identities) if len(identities) == len(batch.records) else []
+    if len(runs) != 1:
         return None
-    return first.producer, first.sequence, len(identities)
+    producer, first, _, count = runs[0]
+    return producer, first, count
 
 
 def _builder(

@@ -943,7 +943,10 @@ async def test_a_resent_batch_is_dropped_and_answered_with_its_originals_offset(
         assert (await rig.send((P0, records("p", [1, 2]))))[P0] == PartitionAnswer(base_offset=-1)
         assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=-1)
         assert (await rig.send((P0, records("p", [0, 2]))))[P0] == PartitionAnswer(base_offset=-1)
-        assert answered() == (original + 2, none + 3)
+        assert (await rig.send((P0, records("p", [0, 1, 0]))))[P0] == PartitionAnswer(
+            base_offset=-1
+        ), "a written batch and more"
+        assert answered() == (original + 2, none + 4)
 
 
 async def test_a_resent_batch_is_answered_offset_minus_one_beyond_what_is_kept() -> None:
