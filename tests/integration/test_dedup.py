@@ -47,8 +47,8 @@ from proxy.kafka.upstream_client import encode_request
 from tests.support.kafka_io import (
     assert_exactly_once_in_order,
     end_offset,
+    offsets_by_value,
     read_all,
-    read_messages,
     values,
 )
 from tests.support.ports import (
@@ -574,7 +574,7 @@ def test_idempotent_librdkafka_through_cut_connections(
     # Each record is reported where it is. These cuts seldom make librdkafka re-send a
     # batch that was written (with duplicates answered -1, 2 runs of 2 passed): the Java
     # test below is the one that meets duplicates' answers.
-    in_log = {m.value(): m.offset() for m in read_messages(local_env.bootstrap, topic)}
+    in_log = offsets_by_value(local_env.bootstrap, topic)
     wrong = sorted((int(v), o) for v, o in reported.items() if o != in_log[v])
     assert len(reported) == total and wrong == [], (len(wrong), wrong[:5])
 
@@ -654,7 +654,7 @@ def test_java_idempotent_verifiable_producer_through_cuts(
     assert failed == [] and len(acked) == total, (len(failed), failed[:3])
     assert_exactly_once_in_order(values(local_env.bootstrap, topic), total)
     # Each record is reported where it is, a retry answered as a duplicate included.
-    in_log = {m.value(): m.offset() for m in read_messages(local_env.bootstrap, topic)}
+    in_log = offsets_by_value(local_env.bootstrap, topic)
     wrong = [(e["value"], e["offset"]) for e in acked if e["offset"] != in_log[e["value"].encode()]]
     assert wrong == [], (len(wrong), wrong[:5])
 
