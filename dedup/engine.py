@@ -1316,14 +1316,17 @@ def _highest_sequences(identities: Sequence[tuple[str, int]]) -> dict[str, Persi
 
 def _whole_run(item: _Work) -> tuple[str, int, int] | None:
     """The producer, first sequence and count of the partition's one batch, when its
-    records are one producer's sequences in a row (a Kafka producer's batch always is)."""
+    records are one producer's sequences in a row (a Kafka producer's batch always is).
+    Never for chunks: a chunked message's chunks share its sequence, each at its offset."""
     if len(item.batches) != 1:
         return None
     batch = item.batches[0]
-    if batch.run is not None:  # the Rust scan's, no record looked at
+    if batch.run is not None:  # the Rust scan's (no chunk in it), no record looked at
         return batch.run.producer, batch.run.first, batch.run.count
     identities = [  # the records are read in Python already
-        (r.identity.producer, r.identity.sequence) for r in batch.records if r.identity
+        (r.identity.producer, r.identity.sequence)
+        for r in batch.records
+        if r.identity and r.chunk is None
     ]
     runs = check_runs(identities) if len(identities) == len(batch.records) else []
     if len(runs) != 1:

@@ -50,7 +50,7 @@ from dedup.client import DedupProducer
 from dedup.state import DedupState, PartitionCheck, Persisted, ProducerState, Status
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
-from tests.support.kafka_io import read_all
+from tests.support.kafka_io import read_all, read_messages
 from tests.support.ports import CHUNKS
 from tests.support.proxy_api import admin_call
 from tests.support.raw import produce_raw, produce_request, record_batch
@@ -233,6 +233,7 @@ def test_resent_and_duplicated_middle_chunks_are_written_once(
     topic = new_topic(local_env.bootstrap)
     two = chunk_records("dup", 1, payload(7, seed=1), 4)  # 2 chunks: 4 + 3 bytes
     three = chunk_records("dup", 2, payload(25, seed=2), 10)  # 3 chunks: 10 + 10 + 5
+    answered = []
     for records in (
         [two[0]],
         [two[0], two[1]],  # chunk 0 again, with the next one
@@ -243,7 +244,9 @@ def test_resent_and_duplicated_middle_chunks_are_written_once(
         [three[2], three[2]],
         [three[1], three[2]],
     ):
-        assert_ok(send_raw(running, topic, records))
+        answer = send_raw(running, topic, records)
+        assert_ok(answer)
+        answered.append((records[0], answer.base_offset))
     assert chunk_ids(local_env.bootstrap, topic) == [
         ("dup", 1, 0),
         ("dup", 1, 1),
@@ -251,6 +254,15 @@ def test_resent_and_duplicated_middle_chunks_are_written_once(
         ("dup", 2, 1),
         ("dup", 2, 2),
     ]
+    # A batch dropped whole is answered -1 or with where its first record is: never with
+    # another chunk's offset (the chunks of a message share its sequence).
+    logged = {
+        m.offset(): dict(m.headers() or []) for m in read_messages(local_env.bootstrap, topic)
+    }
+    for (_, headers), offset in answered:
+        if offset >= 0:
+            sent = dict((name.decode(), value) for name, value in headers)
+            assert logged[offset][HEADER_CHUNK_ID] == sent[HEADER_CHUNK_ID], (offset, sent)
     assert [(m.sequence, m.value) for m in assembled(local_env.bootstrap, topic)] == [
         (1, payload(7, seed=1)),
         (2, payload(25, seed=2)),
