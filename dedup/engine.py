@@ -84,6 +84,7 @@ from dedup.persisted import PersistedRecorder
 from dedup.policies import Mode, PolicySnapshot
 from dedup.ports import Clock, Owners, Policies, StateStore, TopicIdLookup, Writer
 from dedup.recent_appends import Append, RecentAppends
+from dedup.recovery import RecoveredPartition
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.sequence_gaps import SequenceGaps
 from dedup.state import (
@@ -304,9 +305,9 @@ class DedupEngine:
                 max_producers=max_producers,
                 max_sequence_jump=max_sequence_jump,
             )
-            recoveries.on_opened = self._local.opened
         else:
             self._checks = GroupCheck(state, self._persisted, clock)
+        recoveries.on_opened = self._opened
 
     async def flush_persisted(self) -> None:
         """Wait until every acknowledged sequence is recorded in Redis."""
@@ -1015,6 +1016,13 @@ class DedupEngine:
                 )
             if item.ticket is not None:
                 item.state.cursor.settled(item.ticket, end_offset, written_records)
+
+    def _opened(self, key: Key, recovered: RecoveredPartition) -> None:
+        """A partition recovered here: its maps, and where its producers' latest records
+        are in the log (a batch whose answer the crash lost is answered from it)."""
+        if self._local is not None:
+            self._local.opened(key, recovered)
+        self._recent.seed(key, recovered.runs, recovered.token)
 
     def _remember_append(self, item: _Work, result: WriteResult) -> None:
         if (run := _whole_run(item)) is not None:

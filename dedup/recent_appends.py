@@ -3,19 +3,26 @@ whole as duplicates is answered as Kafka's broker answers one: with the offset a
 append time it gave the original (Kafka keeps the last 5 batches of each producer for this,
 `ProducerStateEntry`; a Java producer then reports the record's real offset, not -1).
 
-Only what this instance wrote under its current hold of the partition is known (an append
-is kept with the partition's recovery token, which names the lease and the topic's
-incarnation: while it holds, no one else writes the partition), for the latest
-``max_producer_partitions`` (producer, partition) pairs to write. A re-send that meets
-none of it (another instance wrote the original, or the partition changed hands or was
-created again since) is answered -1, as before; so is one that is not exactly a batch
-written. A partition Kafka says it does not have forgets its own.
+Two sources, each kept with the partition's recovery token (it names the lease and the
+topic's incarnation: while it holds, no one else writes the partition), for the latest
+``max_producer_partitions`` (producer, partition) pairs:
+- the batches this instance wrote whole under its current hold of the partition;
+- what the recovery that opened that hold read near the end of the log's tail (`seed`):
+  each producer's latest runs there, consecutive sequences at consecutive offsets. A batch
+  whose answer was lost with the instance that wrote it (a crash, or this one before a
+  restart) is found in them, as Kafka's new leader finds the original in the producer
+  state it replicated.
+A re-send is answered from an append it lies within, since an append's sequences are at
+consecutive offsets. One that meets none (written before the snapshot the recovery started
+from, or across two appends) is answered -1, as before. A partition Kafka says it does not
+have forgets its own.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from dedup import metrics
 from dedup.partitions import Key
@@ -25,7 +32,8 @@ BATCHES_PER_PRODUCER = 5  # Kafka's: at most 5 requests of an idempotent produce
 
 @dataclass(frozen=True, slots=True)
 class Append:
-    """One batch as written: the producer's sequences ``first`` .. ``first + count - 1``."""
+    """One batch as written, or a run of them as read from the log: the producer's
+    sequences ``first`` .. ``first + count - 1``, at offsets from ``base_offset`` on."""
 
     first: int
     count: int
@@ -66,12 +74,37 @@ class RecentAppends:
                 appends.clear()
         appends.append(append)
 
+    def seed(
+        self, key: Key, runs: Mapping[str, Sequence[tuple[int, int, int, int]]], token: str
+    ) -> None:
+        """What a recovery read in the log's tail (`dedup.replay.ReplayResult.runs`): each
+        producer's latest runs of consecutive sequences at consecutive offsets, kept as its
+        appends under the partition's new token. The log is the truth whoever wrote it, so
+        a batch the previous owner (or this instance before a restart) wrote and never
+        answered is answered from it. Producers are seeded by their latest run's offset,
+        oldest first, so that the bound keeps the newest."""
+        for producer, produced in sorted(runs.items(), key=lambda item: _latest_offset(item[1])):
+            for first, count, base_offset, appended in produced:
+                self.record(key, producer, Append(first, count, base_offset, appended, token))
+
     def find(self, key: Key, producer: str, first: int, count: int, token: str) -> Append | None:
-        """The append of exactly these sequences, if it is among the producer's latest and
-        was written under this recovery token."""
+        """Where these sequences were written, if they lie within one of the producer's
+        latest appends made under this recovery token: an append holds its sequences at
+        consecutive offsets, so a part of it is found as well as the whole."""
         for append in self._appends.get((key, producer), ()):
-            if append.first == first and append.count == count and append.token == token:
-                return append
+            if (
+                append.first <= first
+                and first + count <= append.first + append.count
+                and append.token == token
+            ):
+                if first == append.first and count == append.count:
+                    return append
+                return replace(
+                    append,
+                    first=first,
+                    count=count,
+                    base_offset=append.base_offset + (first - append.first),
+                )
         return None
 
     def forget(self, key: Key) -> None:
@@ -89,3 +122,7 @@ class RecentAppends:
         producers.discard(producer)
         if not producers:
             del self._producers[key]
+
+
+def _latest_offset(runs: Sequence[tuple[int, int, int, int]]) -> int:
+    return runs[-1][2] if runs else -1

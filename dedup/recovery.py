@@ -33,7 +33,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -73,6 +73,9 @@ class RecoveredPartition:
     # Whether another instance may have written the partition since this one last held it
     # (False: a log no one wrote, or this instance recovering again under its own lease).
     unseen_writes: bool = True
+    # Per producer loaded, its latest runs in the replayed tail (`ReplayResult.runs`): where
+    # the records of a batch it sends again are, if it lies within one
+    runs: Mapping[str, Sequence[tuple[int, int, int, int]]] = field(default_factory=dict)
 
 
 class NotOwner(Exception):
@@ -309,6 +312,7 @@ class Recovery:
             seconds,
             view,
             topic_id,
+            runs={p: run for p, run in replayed.runs.items() if p in producers},
         )
 
     def _choose(

@@ -36,6 +36,11 @@ How the log is read:
   around the proxy) still moves the position, its bytes counted from it on. Reading the
   headers of a record with more than two of them looks for chunk headers; a chunk's value
   is measured (``len``), nothing else of it is read.
+- Near the end (the last `RUNS_WINDOW` offsets) the fold also follows each producer's runs:
+  consecutive sequences at consecutive offsets, of one log append time (`Fold.runs`, its
+  latest 5). A batch written before a crash and never answered is in them, so its re-send
+  is answered with its original's offset (`dedup.recent_appends`). A chunked message's
+  records are in none: its chunks share its sequence.
 - Identity rules are `dedup.batches`'s for records read from a log: the last occurrence of a
   header name counts; a record without both headers, with a null or empty or non-UTF-8
   producer, or with a sequence `dedup.identity.parse_sequence` refuses (not an int64 in
@@ -57,16 +62,24 @@ replay about 5x slower with the defaults.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from dedup.batches import DEFAULT_HEADERS, IdentityHeaders
 from dedup.chunks import CHUNK_HEADERS, ChunkError, ChunkProgress, parse_chunk_headers
 from dedup.identity import INT64_MAX, INT64_MIN, MAX_SEQUENCE_TEXT
 from dedup.identity import parse_sequence as parse_sequence  # part of this module's API
+from dedup.recent_appends import BATCHES_PER_PRODUCER
 
 GROUP_ID: Final = "dedup-proxy-replay"
 CONSUME_BATCH: Final = 100  # messages per consume() call (measured fastest, see above)
@@ -77,6 +90,10 @@ SEQUENCE_MIN: Final = INT64_MIN
 SEQUENCE_MAX: Final = INT64_MAX
 _NO_SEQUENCE: Final = SEQUENCE_MIN - 1  # a producer seen only in chunks of an incomplete message
 _CHUNK_NAMES: Final = frozenset(CHUNK_HEADERS)
+# The last offsets of a replay in which each producer's runs are followed (`Fold.runs`): a
+# second of a busy partition's traffic, the writes a crash can leave unanswered among them.
+RUNS_WINDOW: Final = 100_000
+_LOG_APPEND_TIME: Final = TIMESTAMP_LOG_APPEND_TIME  # a record's timestamp is its batch's append
 
 # Fetch settings for reading one partition fast (measured, see benchmarks/README.md):
 # fetches of several MB, and a small pre-fetch queue refilled at once (librdkafka's default
@@ -118,6 +135,9 @@ class ReplayResult:
     # producer -> (its chunked message in progress at the end, last seen ms); only messages
     # above the producer's highest complete sequence in the replay
     chunks: dict[str, tuple[ChunkProgress, int]] = field(default_factory=dict)
+    # producer -> its latest runs in the replay (`Fold.runs`), the newest last: (first
+    # sequence, records, first offset, log append time or -1)
+    runs: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
 
 
 def parse_producer(raw: bytes | None) -> str | None:
@@ -156,9 +176,11 @@ class Fold:
     __slots__ = (
         "_bad_names",
         "_chunks",
+        "_earlier",
         "_entries",
         "_names",
         "_producer",
+        "_runs_from",
         "_sequence",
         "end",
         "events",
@@ -172,14 +194,20 @@ class Fold:
         end: int,
         names: IdentityHeaders = DEFAULT_HEADERS,
         chunks: Mapping[str, ChunkProgress] | None = None,
+        runs_window: int = RUNS_WINDOW,
     ) -> None:
         self.end = end
+        self._runs_from = end - runs_window
         self._producer = names.producer
         self._sequence = names.sequence
-        # raw producer name -> [highest complete sequence, max timestamp]; decoded names
+        # raw producer name -> [highest complete sequence, max timestamp, and its latest run:
+        # first sequence, first offset, records (0: none), log append time]; decoded names
         # alongside. A producer seen only in chunks has _NO_SEQUENCE.
         self._entries: dict[bytes, list[int]] = {}
         self._names: dict[bytes, str] = {}
+        # raw producer name -> the runs before its latest, the newest last (Kafka's broker
+        # keeps a producer's last 5 batches: `dedup.recent_appends`)
+        self._earlier: dict[bytes, deque[tuple[int, int, int, int]]] = {}
         # raw producer name -> its chunked message in progress (from the snapshot: `chunks`)
         self._chunks: dict[bytes, ChunkProgress] = {
             name.encode("utf-8"): progress for name, progress in (chunks or {}).items()
@@ -200,10 +228,16 @@ class Fold:
             done = False  # the common case: the whole batch is below the end
         else:
             done, messages = self._cut(messages)
+        # Runs are followed only near the end, from the call whose last message is in the
+        # last `runs_window` offsets: the batches a crash left unanswered are there, and on a
+        # long replay (no snapshot) the records before cost no more than they did.
+        runs = last is not None and last.offset() >= self._runs_from
         entries = self._entries
+        earlier = self._earlier
         events = self.events
         producer_name = self._producer
         sequence_name = self._sequence
+        log_append_time = _LOG_APPEND_TIME
         skipped = 0
         records = 0
         for message in messages:
@@ -216,6 +250,7 @@ class Fold:
                 skipped += 1
                 continue
             records += 1
+            in_run = 1  # records it counts in a run: none for a chunked message's last
             if len(headers) == 2:
                 (n0, v0), (n1, v1) = headers
                 if n0 == producer_name and n1 == sequence_name:
@@ -237,6 +272,8 @@ class Fold:
                         chunked = True
                 if chunked and producer and raw and self._chunk(producer, raw, message):
                     continue
+                # A message's last chunk: its sequence is also its other chunks', elsewhere.
+                in_run = 0 if chunked else 1
             # dedup.identity.parse_sequence, inlined for speed: calling it measured +41 ns a
             # record on this 290 ns loop (+14 %; 200k in-memory confluent Messages, 2 CPUs).
             # tests/unit/test_identity.py checks that both agree on arbitrary bytes.
@@ -250,18 +287,41 @@ class Fold:
             if sequence > INT64_MAX or sequence < INT64_MIN:
                 skipped += 1
                 continue
-            timestamp = message.timestamp()[1]
+            kind, timestamp = message.timestamp()
             entry = entries.get(producer)
             if entry is None:
                 if not self._new_producer(producer):
                     skipped += 1
                     continue
-                entries[producer] = [sequence, timestamp]
+                entry = entries[producer] = [sequence, timestamp, 0, 0, 0, -1]
             else:
                 if sequence > entry[0]:
                     entry[0] = sequence
                 if timestamp > entry[1]:
                     entry[1] = timestamp
+            if not runs:
+                continue
+            # The producer's runs (`runs`), near the end only
+            offset = message.offset()
+            appended = timestamp if kind == log_append_time else -1
+            count = entry[4]
+            if (
+                in_run
+                and sequence == entry[2] + count
+                and offset == entry[3] + count
+                and appended == entry[5]
+            ):
+                entry[4] = count + 1
+            else:  # a run begins here (or, after a last chunk, none)
+                if count:  # the run that ended, among the producer's latest
+                    ended = earlier.get(producer)
+                    if ended is None:
+                        ended = earlier[producer] = deque(maxlen=BATCHES_PER_PRODUCER - 1)
+                    ended.append((entry[2], count, entry[3], entry[5]))
+                entry[2] = sequence
+                entry[3] = offset
+                entry[4] = in_run
+                entry[5] = appended
         self.records += records
         self.skipped += skipped
         for message in reversed(messages):
@@ -286,7 +346,7 @@ class Fold:
         if entry is None:
             if not self._new_producer(producer):
                 return False
-            entry = self._entries[producer] = [_NO_SEQUENCE, message.timestamp()[1]]
+            entry = self._entries[producer] = [_NO_SEQUENCE, message.timestamp()[1], 0, 0, 0, -1]
         else:
             entry[1] = max(entry[1], message.timestamp()[1])
         if sequence <= entry[0]:
@@ -341,6 +401,7 @@ class Fold:
         """Drop a producer (an operator reset it here): what follows counts from nothing."""
         raw = name.encode("utf-8")
         self._entries.pop(raw, None)
+        self._earlier.pop(raw, None)
         self._chunks.pop(raw, None)
 
     def highest(self) -> dict[str, tuple[int, int]]:
@@ -351,6 +412,22 @@ class Fold:
             for raw, entry in self._entries.items()
             if entry[0] != _NO_SEQUENCE
         }
+
+    def runs(self) -> dict[str, list[tuple[int, int, int, int]]]:
+        """Per producer its latest runs near the end (`RUNS_WINDOW`), up to
+        `BATCHES_PER_PRODUCER`, the newest last: the records of its consecutive sequences at
+        consecutive offsets (of one log append time, where the topic stamps one), as (first
+        sequence, records, first offset, log append time or -1). Where such a producer's
+        batch, sent again, lies within one, the log says where its records are."""
+        names = self._names
+        result = {}
+        for raw, entry in self._entries.items():
+            runs = list(self._earlier.get(raw, ()))
+            if entry[4]:  # none for a producer seen only in chunks, or last in a last chunk
+                runs.append((entry[2], entry[4], entry[3], entry[5]))
+            if runs:
+                result[names[raw]] = runs
+        return result
 
     def chunks(self) -> dict[str, tuple[ChunkProgress, int]]:
         """Per producer its chunked message in progress (above its highest complete
@@ -522,4 +599,5 @@ def _result(
         truncated_start=truncated,
         seconds=time.monotonic() - began,
         chunks=fold.chunks(),
+        runs=fold.runs(),
     )

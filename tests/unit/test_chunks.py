@@ -476,6 +476,8 @@ def test_fold_follows_the_message_in_progress() -> None:
         "c": (ChunkProgress(4, "c-4", 0, 2, 3, 2), 5),
     }
     assert (fold.records, fold.identified) == (6, 6)
+    # Where a batch sent again lies: never at a chunk (a message's chunks share a sequence).
+    assert fold.runs() == {"a": [(0, 1, 0, -1)]}
 
 
 def test_fold_continues_the_snapshot_and_drops_completed_or_abandoned_messages() -> None:

@@ -478,6 +478,8 @@ class FakeRecovery:
     held: dict[Key, str] = field(default_factory=dict)  # key -> the instance holding its lease
     # Partitions another instance may have written: a log with records, or these
     written_elsewhere: set[Key] = field(default_factory=set)
+    # key -> producer -> its latest run in the log's tail, as the replay reads it
+    runs: dict[Key, dict[str, list[tuple[int, int, int, int]]]] = field(default_factory=dict)
     _tokens: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     async def run(
@@ -522,6 +524,7 @@ class FakeRecovery:
                 loaded,
                 topic_id,
                 unseen_writes=bool(end) or key in self.written_elsewhere,
+                runs=self.runs.get(key, {}),
             )
         return recovered, failed
 
@@ -939,14 +942,41 @@ async def test_a_resent_batch_is_dropped_and_answered_with_its_originals_offset(
         assert (await rig.send((P0, records("p", [2]))))[P0] == PartitionAnswer(base_offset=2)
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2])
         assert len(rig.writer.submitted) == 2, "nothing to write: the writer is not called"
-        # Not the sequences of one batch written: no offset to give, never a wrong one.
+        # Within one batch written: its records are at consecutive offsets.
+        assert (await rig.send((P0, records("p", [1]))))[P0] == PartitionAnswer(base_offset=1)
+        # Not within one batch written: no offset to give, never a wrong one.
         assert (await rig.send((P0, records("p", [1, 2]))))[P0] == PartitionAnswer(base_offset=-1)
-        assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=-1)
         assert (await rig.send((P0, records("p", [0, 2]))))[P0] == PartitionAnswer(base_offset=-1)
         assert (await rig.send((P0, records("p", [0, 1, 0]))))[P0] == PartitionAnswer(
             base_offset=-1
         ), "a written batch and more"
-        assert answered() == (original + 2, none + 4)
+        assert answered() == (original + 3, none + 3)
+
+
+async def test_a_batch_written_before_the_partition_was_taken_again_is_answered_from_the_log() -> (
+    None
+):
+    """The answer was lost with the hold that wrote the batch (a crash, a restart). The
+    recovery that opened this hold read each producer's latest run in the log's tail: a
+    re-send within it is answered from it, as Kafka's new leader answers from the producer
+    state it replicated. What the tail does not hold (before the snapshot) is answered -1."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0, 1])))
+        await rig.send((P0, records("q", [0])))
+        await rig.settle()
+        rig.scheduler.forget(P0)  # the lease lost, then taken again
+        rig.recovery.runs[P0] = {"p": [(0, 2, 0, 77)]}  # what the replay read: not q's
+        resent = [
+            (await rig.send((P0, records(producer, sequences))))[P0]
+            for producer, sequences in [("p", [0, 1]), ("p", [1]), ("q", [0]), ("p", [1, 2])]
+        ]
+        assert resent == [
+            PartitionAnswer(base_offset=0, log_append_time_ms=77),
+            PartitionAnswer(base_offset=1, log_append_time_ms=77),
+            PartitionAnswer(base_offset=-1),
+            PartitionAnswer(base_offset=-1),  # 2 is new: written, a batch with a drop
+        ]
+        assert rig.writer.log[P0] == [*in_order("p", [0, 1]), ("q", 0), ("p", 2)]
 
 
 async def test_a_resent_batch_is_answered_offset_minus_one_beyond_what_is_kept() -> None:

@@ -16,13 +16,16 @@ def append(first: int, count: int = 1, token: str = HELD) -> Append:
     return Append(first, count, base_offset=100 + first, log_append_time_ms=-1, token=token)
 
 
-def test_a_batch_is_found_by_exactly_its_sequences_among_the_latest_five() -> None:
+def test_a_batch_is_found_within_one_of_the_latest_five() -> None:
     recent = RecentAppends(10)
     for first in range(0, 2 * (BATCHES_PER_PRODUCER + 1), 2):
         recent.record(P0, "p", append(first, 2))
     assert recent.find(P0, "p", 0, 2, HELD) is None, "older than the producer's latest 5"
     assert recent.find(P0, "p", 2, 2, HELD) == append(2, 2)
-    assert recent.find(P0, "p", 2, 1, HELD) is None and recent.find(P0, "p", 3, 2, HELD) is None
+    # A part of one: its sequences are at consecutive offsets from the append's.
+    assert recent.find(P0, "p", 3, 1, HELD) == append(3, 1)
+    assert recent.find(P0, "p", 3, 2, HELD) is None, "across two appends: no offset of one"
+    assert recent.find(P0, "p", 10, 3, HELD) is None, "beyond the last"
     assert recent.find(P1, "p", 2, 2, HELD) is None and recent.find(P0, "q", 2, 2, HELD) is None
 
 
@@ -32,7 +35,8 @@ def test_sequences_written_again_are_found_only_where_they_were_written_last() -
     recent = RecentAppends(10)
     recent.record(P0, "p", Append(0, 2, base_offset=10, log_append_time_ms=-1, token=HELD))
     recent.record(P0, "p", Append(0, 3, base_offset=50, log_append_time_ms=-1, token=HELD))
-    assert recent.find(P0, "p", 0, 2, HELD) is None, "sequences 0 and 1 are at offset 50 now"
+    again = recent.find(P0, "p", 0, 2, HELD)
+    assert again is not None and again.base_offset == 50, "sequences 0 and 1 are at 50 now"
     found = recent.find(P0, "p", 0, 3, HELD)
     assert found is not None and found.base_offset == 50
     recent.record(P0, "p", Append(3, 1, base_offset=53, log_append_time_ms=-1, token=HELD))
@@ -81,3 +85,36 @@ def test_none_kept_when_the_bound_is_zero() -> None:
     recent = RecentAppends(0)
     recent.record(P0, "p", append(0))
     assert len(recent) == 0 and recent.find(P0, "p", 0, 1, HELD) is None
+
+
+def test_a_recoverys_runs_are_kept_under_its_token_and_replace_the_earlier_holds() -> None:
+    """What the recovery read in the log's tail: each producer's latest run, its first
+    sequence at its first offset. The appends of the hold before go; later writes join."""
+    recent = RecentAppends(10)
+    recent.record(P0, "p", append(0, 2))
+    taken_again = "inst-0.2"
+    recent.seed(
+        P0, {"p": [(0, 30, 470, 1200), (30, 10, 530, 1234)], "q": [(7, 1, 540, 1234)]}, taken_again
+    )
+    assert recent.find(P0, "p", 0, 2, HELD) is None, "the earlier hold's appends are gone"
+    assert recent.find(P0, "p", 38, 2, taken_again) == Append(38, 2, 538, 1234, taken_again)
+    assert recent.find(P0, "p", 2, 3, taken_again) == Append(2, 3, 472, 1200, taken_again)
+    assert recent.find(P0, "q", 7, 1, taken_again) == Append(7, 1, 540, 1234, taken_again)
+    assert recent.find(P0, "p", 39, 2, taken_again) is None, "past the run"
+    assert recent.find(P0, "p", 29, 2, taken_again) is None, "across two runs"
+    recent.record(P0, "p", Append(40, 3, 541, 1300, taken_again))
+    assert recent.find(P0, "p", 0, 30, taken_again) == Append(0, 30, 470, 1200, taken_again)
+    assert recent.find(P0, "p", 41, 1, taken_again) == Append(41, 1, 542, 1300, taken_again)
+
+
+def test_a_recovery_seeds_the_newest_runs_last_so_the_bound_keeps_them() -> None:
+    recent = RecentAppends(2)
+    recent.seed(
+        P0,
+        {"new": [(0, 1, 90, -1)], "old": [(0, 1, 10, -1)], "mid": [(0, 1, 5, -1), (1, 1, 50, -1)]},
+        HELD,
+    )
+    assert len(recent) == 2
+    assert recent.find(P0, "old", 0, 1, HELD) is None
+    assert recent.find(P0, "mid", 0, 1, HELD) is not None, "by its latest run, at 50"
+    assert recent.find(P0, "new", 0, 1, HELD) is not None

@@ -11,7 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    KafkaError,
+    TopicPartition,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
@@ -23,6 +28,7 @@ from dedup.batches import (
     IdentityHeaders,
     _parse_sequence,
 )
+from dedup.recent_appends import BATCHES_PER_PRODUCER
 from dedup.replay import (
     SEQUENCE_MAX,
     SEQUENCE_MIN,
@@ -58,6 +64,7 @@ class FakeMessage:
     headers_: Headers | None = None
     timestamp_: int = 0
     error_: FakeError | None = None
+    kind_: int = TIMESTAMP_CREATE_TIME
 
     def offset(self) -> int:
         return self.offset_
@@ -67,7 +74,7 @@ class FakeMessage:
         return self.headers_ or None
 
     def timestamp(self) -> tuple[int, int]:
-        return (1, self.timestamp_)
+        return (self.kind_, self.timestamp_)
 
     def error(self) -> FakeError | None:
         return self.error_
@@ -272,6 +279,104 @@ def expected_fold(
     return highest, records, skipped
 
 
+def expected_runs(
+    messages: Sequence[FakeMessage], end: int
+) -> dict[str, list[tuple[int, int, int, int]]]:
+    """Each producer's records split where one is not the one before it plus one sequence
+    and one offset, of the same log append time (-1 for create time); its latest 5 runs."""
+    runs: dict[str, list[tuple[int, int, int, int]]] = {}
+    for message in messages:
+        if message.error_ is not None or message.offset_ >= end:
+            continue
+        identity = record_identity(message.headers_)
+        if identity is None:
+            continue
+        producer, sequence = identity
+        appended = message.timestamp_ if message.kind_ == TIMESTAMP_LOG_APPEND_TIME else -1
+        produced = runs.setdefault(producer, [])
+        if produced:
+            first, count, offset, when = produced[-1]
+            if (first + count, offset + count, when) == (sequence, message.offset_, appended):
+                produced[-1] = (first, count + 1, offset, when)
+                continue
+        produced.append((sequence, 1, message.offset_, appended))
+    return {producer: produced[-BATCHES_PER_PRODUCER:] for producer, produced in runs.items()}
+
+
+@st.composite
+def producer_streams(draw: st.DrawFn) -> list[FakeMessage]:
+    """Two producers writing sequences mostly in a row, interleaved, with gaps in offsets
+    and in sequences, sequences started again, and append times that change now and then."""
+    kind = draw(st.sampled_from([TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME]))
+    following = {b"p": 0, b"q": 5}
+    messages = []
+    offset = draw(st.integers(min_value=0, max_value=3))
+    appended = 100
+    for _ in range(draw(st.integers(min_value=0, max_value=40))):
+        producer = draw(st.sampled_from([b"p", b"p", b"p", b"q"]))
+        sequence = following[producer] + draw(st.sampled_from([0, 0, 0, 0, 1, -3]))
+        following[producer] = sequence + 1
+        appended += draw(st.sampled_from([0, 0, 0, 1]))
+        timestamp = appended if kind == TIMESTAMP_LOG_APPEND_TIME else draw(st.integers(0, 50))
+        headers = ident(producer, str(sequence).encode())
+        messages.append(FakeMessage(offset, headers, timestamp, kind_=kind))
+        offset += draw(st.sampled_from([1, 1, 1, 1, 2]))
+    return messages
+
+
+@CASES
+@given(
+    messages=producer_streams(),
+    end=st.integers(min_value=1, max_value=60),
+    chunk=st.integers(min_value=1, max_value=7),
+)
+def test_fold_runs_are_each_producers_latest_runs_of_records_in_a_row(
+    messages: list[FakeMessage], end: int, chunk: int
+) -> None:
+    fold, _ = fold_in_calls(messages, end, chunk)
+    assert fold.runs() == expected_runs(messages, end)
+
+
+def fold_in_calls(messages: list[FakeMessage], end: int, chunk: int) -> tuple[Fold, bool]:
+    """The messages folded ``chunk`` at a time, as consume() calls hand them over, until the
+    fold says the end was reached; and whether it did."""
+    fold = Fold(end)
+    for index in range(0, len(messages), chunk):
+        if fold.add(messages[index : index + chunk]):
+            return fold, True
+    return fold, False
+
+
+def test_fold_runs_examples() -> None:
+    def at(offset: int, producer: bytes, sequence: int, appended: int) -> FakeMessage:
+        headers = ident(producer, str(sequence).encode())
+        return FakeMessage(offset, headers, appended, kind_=TIMESTAMP_LOG_APPEND_TIME)
+
+    fold = Fold(100)
+    fold.add(
+        [
+            at(10, b"p", 0, 7),
+            at(11, b"p", 1, 7),
+            at(12, b"q", 0, 7),  # q between: p's run ends at 11
+            at(13, b"p", 2, 7),
+            at(14, b"p", 3, 8),  # another batch, appended later: its own run
+            at(15, b"p", 4, 8),
+        ]
+    )
+    assert fold.runs() == {"p": [(0, 2, 10, 7), (2, 1, 13, 7), (3, 2, 14, 8)], "q": [(0, 1, 12, 7)]}
+    created = Fold(100)  # create time: timestamps differ record by record, runs go on
+    created.add([FakeMessage(i, ident(b"p", str(i).encode()), 50 - i) for i in range(5)])
+    assert created.runs() == {"p": [(0, 5, 0, -1)]}
+    near_the_end = Fold(100, runs_window=10)  # from the first call that reaches offset 90
+    near_the_end.add([FakeMessage(i, ident(b"p", str(i).encode())) for i in range(85, 90)])
+    near_the_end.add([FakeMessage(i, ident(b"p", str(i).encode())) for i in range(90, 95)])
+    assert near_the_end.runs() == {"p": [(90, 5, 90, -1)]}
+    assert near_the_end.highest() == {"p": (94, 0)}, "every record counts for the rest"
+    many = Fold(100)  # a producer's latest 5 only, as Kafka keeps its last 5 batches
+    many.add([FakeMessage(2 * i, ident(b"p", str(i).encode())) for i in range(7)])
+    assert many.runs() == {"p": [(i, 1, 2 * i, -1) for i in range(2, 7)]}
+
+
 @st.composite
 def message_streams(draw: st.DrawFn) -> list[FakeMessage]:
     """Records at increasing offsets with gaps (compaction, transaction markers)."""
@@ -294,14 +399,10 @@ def message_streams(draw: st.DrawFn) -> list[FakeMessage]:
 def test_fold_equals_the_rule_record_by_record(
     messages: list[FakeMessage], end: int, chunk: int
 ) -> None:
-    fold = Fold(end)
-    done = False
-    for index in range(0, len(messages), chunk):
-        if fold.add(messages[index : index + chunk]):
-            done = True
-            break
+    fold, done = fold_in_calls(messages, end, chunk)
     highest, records, skipped = expected_fold(messages, end)
     assert fold.highest() == highest
+    assert fold.runs() == expected_runs(messages, end)
     assert (fold.records, fold.skipped, fold.identified) == (records, skipped, records - skipped)
     assert done == any(m.offset_ >= end - 1 for m in messages)
     below = [m.offset_ for m in messages if m.offset_ < end]
