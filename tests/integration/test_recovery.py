@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,9 +25,16 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from dedup.client import DedupProducer
 from dedup.snapshots import SnapshotStore, slot_key, snapshot_partition
 from deploy.launcher import ProxyProcess
-from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
+from deploy.local import EnvInfo, LocalEnvironment
 from deploy.processes import port_open
-from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all, values
+from tests.support.java_clients import sent, verifiable_producer_during
+from tests.support.kafka_io import (
+    assert_exactly_once_in_order,
+    end_offset,
+    offsets_by_value,
+    read_all,
+    values,
+)
 from tests.support.load import SequencedProducer
 from tests.support.ports import RECOVERY, REDIS_RELAY
 from tests.support.proxy_api import admin_call, metric_total
@@ -191,15 +197,16 @@ def test_graceful_stop_snapshots_so_the_restart_replays_nothing(
 # ----------------------------------------------------------------------------- Redis
 
 
+RARE_SNAPSHOTS = {
+    "DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS": "100000000",
+    "DEDUP_PROXY_SNAPSHOT_EVERY_S": "3600",
+}
+
+
 @pytest.fixture
 def rare_snapshots(local_env: EnvInfo, tmp_path: Path) -> Iterator[RestartableProxy]:
     """Snapshots only when asked: what came after one can only be known by replaying it."""
-    proxy = recovery_proxy(
-        local_env,
-        tmp_path,
-        DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100000000",
-        DEDUP_PROXY_SNAPSHOT_EVERY_S="3600",
-    )
+    proxy = recovery_proxy(local_env, tmp_path, **RARE_SNAPSHOTS)
     yield proxy
     proxy.stop()
 
@@ -355,7 +362,6 @@ def _wait_for_the_snapshotter(restartable: RestartableProxy, topic: str) -> None
 
 
 def proxy_json(restartable: RestartableProxy, path: str, method: str = "GET") -> Any:
-    import json
     import urllib.request
 
     assert restartable.process is not None
@@ -514,6 +520,47 @@ def test_a_late_write_of_the_killed_proxy_is_refused_after_the_restart(
         90,  # PRODUCER_FENCED
     )
     assert b"zombie" not in values(local_env.bootstrap, topic)
+
+
+def test_a_batch_resent_after_a_crash_is_answered_with_its_originals_offset_from_the_log(
+    rare_snapshots: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """The proxy killed after writing batches whose answers never left: the restarted one's
+    recovery reads where they are in the log's tail (after the last snapshot) and answers
+    their re-sends as Kafka's broker answers a duplicate batch, with the original's offset
+    and log append time. A Java producer then reports where its records are, not -1."""
+    restartable = rare_snapshots
+    topic = new_topic(local_env.bootstrap, config={"message.timestamp.type": "LogAppendTime"})
+
+    def send(proxy: ProxyProcess, base: int, count: int) -> Any:
+        keys = [f"k{base + i}".encode() for i in range(count)]
+        return produce_raw(
+            proxy, produce_request(topic, {0: idempotent_batch(keys, 7272, 0, base)})
+        )
+
+    first = restartable.start()
+    proxy_json(restartable, f"/v1/topics/{topic}/partitions/0/recover", "POST")
+    assert (
+        proxy_json(restartable, f"/v1/topics/{topic}/partitions/0/snapshot", "POST")["producers"]
+        == 0
+    ), "a snapshot before the writes: they are in the tail alone"
+    sent = [send(first, 0, 2), send(first, 2, 3)]
+    assert [a.error_code for a in sent] == [0, 0]
+    restartable.kill()
+    again = restartable.start()
+    resent = [send(again, 0, 2), send(again, 2, 3), send(again, 3, 2)]
+    assert [(a.error_code, a.base_offset, a.log_append_time) for a in resent] == [
+        *[(0, a.base_offset, a.log_append_time) for a in sent],
+        (0, sent[1].base_offset + 1, sent[1].log_append_time),  # within the second batch
+    ]
+    offsets = offsets_by_value(local_env.bootstrap, topic)
+    assert [offsets[f"k{i}".encode()] for i in (0, 2, 3)] == [
+        sent[0].base_offset,
+        sent[1].base_offset,
+        sent[1].base_offset + 1,
+    ]
+    assert values(local_env.bootstrap, topic) == [f"k{i}".encode() for i in range(5)]
+    assert recoveries(restartable, topic=topic, replayed=5), "from the tail, after the restart"
 
 
 # -------------------------------------------------------------------------- a topic created again
@@ -828,44 +875,26 @@ def test_kafkas_java_producer_rides_out_the_wait_for_its_first_sequence(
     on, once each, in order."""
     restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_FIRST_SEQUENCE_WAIT_S="3")
     topic = new_topic(local_env.bootstrap)
-    events: list[dict[str, Any]] = []
     try:
         proxy = restartable.start()
         settings = tmp_path / "producer.properties"
         settings.write_text("enable.idempotence=true\nacks=all\nretries=2147483647\n")
-        command = java_tool_command(
-            "org.apache.kafka.tools.VerifiableProducer",
-            *("--bootstrap-server", proxy.bootstrap, "--topic", topic, "--acks", "-1"),
-            *("--max-messages", str(JAVA_RECORDS), "--throughput", str(JAVA_RATE)),
-            *("--command-config", str(settings)),
+
+        def lose_the_producer(acked: Callable[[], int]) -> None:
+            _lose_the_producer_mid_run(restartable, topic, acked)
+            restartable.start()
+
+        events = verifiable_producer_during(
+            proxy.bootstrap,
+            topic,
+            JAVA_RECORDS,
+            settings,
+            lose_the_producer,
+            *("--throughput", str(JAVA_RATE)),
         )
-        with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as producer:
-            assert producer.stdout is not None
-            reader = threading.Thread(
-                target=lambda: events.extend(
-                    json.loads(line) for line in producer.stdout or () if line.startswith("{")
-                ),
-                daemon=True,
-            )
-            reader.start()
-
-            def acked() -> int:
-                return sum(e.get("name") == "producer_send_success" for e in list(events))
-
-            try:
-                _lose_the_producer_mid_run(restartable, topic, acked)
-                proxy = restartable.start()
-                assert producer.wait(timeout=180) == 0
-            finally:
-                if producer.poll() is None:  # the test failed: leave no producer behind
-                    producer.kill()
-            reader.join(30)
-        errors = [e for e in events if e.get("name") == "producer_send_error"]
-        assert errors == [], [
-            (e.get("exception"), e.get("message"), e.get("value")) for e in errors[:5]
-        ]
-        assert acked() == JAVA_RECORDS
-        assert metric_total(proxy, "dedup_sequence_gaps_total") >= 1, "the wait was met"
+        assert sent(events) == (JAVA_RECORDS, [])
+        assert restartable.process is not None
+        assert metric_total(restartable.process, "dedup_sequence_gaps_total") >= 1, "met"
         # From the log's new start: offset 0 is gone (deleted records).
         earliest = {"auto.offset.reset": "earliest"}
         written = [int(v) for v, _ in read_all(local_env.bootstrap, topic, 0, **earliest)]
@@ -975,8 +1004,6 @@ def test_a_kafka_producer_past_the_wrap_of_its_sequences_loses_nothing_over_a_cr
 
 def test_operations_from_the_shell(restartable: RestartableProxy, local_env: EnvInfo) -> None:
     """`dedup-proxy recover`, `snapshot` and `snapshots` against a running proxy."""
-    import json
-    import subprocess
     import sys
 
     topic = new_topic(local_env.bootstrap)

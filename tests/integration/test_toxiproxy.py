@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import socket
 import statistics
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
@@ -25,13 +28,16 @@ from deploy import paths
 from deploy.local import EnvInfo, LocalEnvironment
 from deploy.paths import MissingRuntimeError
 from deploy.toxiproxy import ToxiproxyServer
-from tests.support.kafka_io import consume
+from tests.support.java_clients import sent, verifiable_producer_during
+from tests.support.kafka_io import assert_exactly_once_in_order, consume, offsets_by_value, values
 from tests.support.ports import TOXIPROXY_ADVERTISED_BASE as ADVERTISED_BASE
-from tests.support.ports import TOXIPROXY_API
+from tests.support.ports import TOXIPROXY_API, TOXIPROXY_DEDUP
 from tests.support.ports import TOXIPROXY_ECHO_LISTEN as ECHO_LISTEN
 from tests.support.ports import TOXIPROXY_ECHO_UPSTREAM as ECHO_UPSTREAM
 from tests.support.ports import TOXIPROXY_ENV as PORTS
 from tests.support.ports import TOXIPROXY_KAFKA_BASE as KAFKA_BASE
+from tests.support.proxy_api import metric_total
+from tests.support.restartable import RestartableProxy
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
 
@@ -272,6 +278,66 @@ def test_latency_slows_every_produce_by_at_least_the_delay(
     assert min(both_ways) >= 0.195, (statistics.median(baseline), both_ways)
     assert toxics == {"latency-downstream": 100, "latency-upstream": 100}
     assert toxiproxy.toxics(BROKER_LINK) == []
+
+
+def test_a_batch_written_before_the_dedup_proxy_was_killed_is_answered_with_its_offset(
+    toxiproxy: ToxiproxyServer, kafka: EnvInfo, tmp_path: Path
+) -> None:
+    """A dedup proxy killed with writes that Kafka appended and never answered: Kafka's
+    answers are held back on their way to it (300 ms), so its last writes are all in the
+    log when it is killed. Kafka's Java producer sends those batches again to the
+    restarted proxy, whose recovery read them in the log's tail (no snapshot since): they
+    are answered with their original's offset, as Kafka's broker answers a duplicate batch,
+    and every record's delivery report names where it is (before, offset -1 for them)."""
+    restartable = RestartableProxy(
+        kafka,
+        tmp_path,
+        TOXIPROXY_DEDUP,
+        0,
+        "toxi",
+        DEDUP_PROXY_LEASE_TTL_S="1.5",  # started again within 2 s
+        DEDUP_PROXY_HEARTBEAT_S="0.5",
+        DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100000000",
+        DEDUP_PROXY_SNAPSHOT_EVERY_S="3600",
+    )
+    topic, records = new_topic(kafka.bootstrap), 3000
+    settings = tmp_path / "producer.properties"
+    settings.write_text("enable.idempotence=true\nacks=all\nretries=2147483647\nlinger.ms=5\n")
+    from_the_log: list[float] = []  # batches answered with their original's offset
+
+    def kill_with_writes_unanswered(acked: Callable[[], int]) -> None:
+        wait_until(lambda: acked() >= 1000, 60, "1000 records acknowledged")
+        toxiproxy.latency(BROKER_LINK, 300)  # Kafka's answers, from now on
+        time.sleep(0.5)
+        assert restartable.process is not None
+        os.kill(restartable.process.pid, signal.SIGSTOP)  # hung: it reads no answer
+        toxiproxy.clear(BROKER_LINK)
+        restartable.kill()  # as a supervisor kills a hung process
+        proxy = restartable.start()
+        wait_until(lambda: acked() >= 2000, 60, "the producer went on")
+        from_the_log.append(metric_total(proxy, 'dedup_duplicate_batches_total{offset="original"'))
+
+    try:
+        proxy = restartable.start()
+        events = verifiable_producer_during(
+            proxy.bootstrap,
+            topic,
+            records,
+            settings,
+            kill_with_writes_unanswered,
+            *("--throughput", "1000"),
+        )
+        assert sent(events) == (records, [])
+        assert from_the_log[0] >= 1, "batches sent again, found in the log"
+        assert_exactly_once_in_order(values(kafka.bootstrap, topic), records)
+        in_log = offsets_by_value(kafka.bootstrap, topic)
+        acked = [e for e in events if e.get("name") == "producer_send_success"]
+        wrong = [
+            (e["value"], e["offset"]) for e in acked if e["offset"] != in_log[e["value"].encode()]
+        ]
+        assert wrong == [], (len(wrong), wrong[:5])
+    finally:
+        restartable.stop()
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """Kafka's own Java clients in tests: the settings file of a client that reaches a TLS or
-SASL_SSL listener trusting the local CA, and a VerifiableProducer run read back as events."""
+SASL_SSL listener trusting the local CA, and a VerifiableProducer run read back as events
+(with a fault of the test's while it runs, too)."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +64,7 @@ def verifiable_producer(
     if hosts_file is not None:
         env["JAVA_TOOL_OPTIONS"] = f"-Djdk.net.hosts.file={hosts_file}"
     done = subprocess.run(
-        java_tool_command(
-            "org.apache.kafka.tools.VerifiableProducer",
-            *("--bootstrap-server", bootstrap, "--topic", topic),
-            *("--max-messages", str(messages), "--acks", "-1", "--producer.config", str(config)),
-            *args,
-        ),
+        _verifiable_producer_command(bootstrap, topic, messages, config, *args),
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -74,6 +73,56 @@ def verifiable_producer(
     if done.returncode != 0:
         raise AssertionError(f"VerifiableProducer exited {done.returncode}: {done.stderr[-3000:]}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def verifiable_producer_during(
+    bootstrap: str,
+    topic: str,
+    messages: int,
+    config: Path,
+    during: Callable[[Callable[[], int]], None],
+    *args: str,
+    timeout_s: float = 180,
+) -> list[dict[str, Any]]:
+    """As `verifiable_producer`, calling ``during(acked)`` while the tool runs (``acked()``:
+    the sends acknowledged so far, as its output tells; a fault, for instance), then
+    waiting for it to end."""
+    events: list[dict[str, Any]] = []
+    command = _verifiable_producer_command(bootstrap, topic, messages, config, *args)
+    with (
+        tempfile.TemporaryFile("w+") as stderr,
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True) as tool,
+    ):
+        assert tool.stdout is not None
+        reader = threading.Thread(
+            target=lambda: events.extend(
+                json.loads(line) for line in tool.stdout or () if line.startswith("{")
+            ),
+            daemon=True,
+        )
+        reader.start()
+        try:
+            during(lambda: sum(e.get("name") == "producer_send_success" for e in list(events)))
+            code = tool.wait(timeout=timeout_s)
+        finally:
+            if tool.poll() is None:  # the test failed: leave no producer behind
+                tool.kill()
+        reader.join(30)
+        if code != 0:
+            stderr.seek(0)
+            raise AssertionError(f"VerifiableProducer exited {code}: {stderr.read()[-3000:]}")
+    return events
+
+
+def _verifiable_producer_command(
+    bootstrap: str, topic: str, messages: int, config: Path, *args: str
+) -> list[str]:
+    return java_tool_command(
+        "org.apache.kafka.tools.VerifiableProducer",
+        *("--bootstrap-server", bootstrap, "--topic", topic),
+        *("--max-messages", str(messages), "--acks", "-1", "--producer.config", str(config)),
+        *args,
+    )
 
 
 def sent(events: list[dict[str, Any]]) -> tuple[int, list[Any]]:

@@ -134,6 +134,8 @@ TOXIPROXY_ENV = Ports(
     redis=TOXIPROXY_REDIS,
     advertised_kafka_base=TOXIPROXY_ADVERTISED_BASE,
 )
+# ... and a dedup proxy in front of it, killed and started again.
+TOXIPROXY_DEDUP = ProxyPorts(listen=24392, admin=24380, broker_base=24393)
 
 # test_spark_cluster: a standalone Spark master (31700, status UI 31701) and its workers
 # (31710+i, UIs 31720+i); executors and the driver take ports of the kernel's choosing.
