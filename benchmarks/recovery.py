@@ -640,9 +640,10 @@ def measure_scan(context: Context, tail: Tail) -> list[ScanRow]:
     - the whole tail replayed with the shipped fetch settings and with librdkafka's
       defaults;
     - the hot loop's alternatives on records held in memory with headers() already
-      converted (pure Python work), in a rotating order, each checked against `Fold`.
+      converted (pure Python work), in a rotating order, each checked against `Fold`; and
+      `Fold` following each producer's runs nowhere, throughout, and as shipped.
     """
-    from dedup.replay import CONSUME_BATCH, Fold, replay_partition
+    from dedup.replay import CONSUME_BATCH, RUNS_WINDOW, Fold, replay_partition
 
     topic, end = tail.topic, tail.end
     count = min(context.settings.scan_records, end)
@@ -685,11 +686,18 @@ def measure_scan(context: Context, tail: Tail) -> list[ScanRow]:
             add(label, end, round_no, result.seconds, "streaming")
 
         messages = _collect(context.bootstrap, topic, start, count)
-        fold = Fold(end)
-        began = time.perf_counter()
-        for i in range(0, len(messages), CONSUME_BATCH):
-            fold.add(messages[i : i + CONSUME_BATCH])
-        add("Fold.add (shipped)", count, round_no, time.perf_counter() - began, "in memory")
+        # Each producer's runs (`Fold.runs`) followed in the last RUNS_WINDOW offsets as
+        # shipped, nowhere, and throughout: what following them costs a record.
+        for label, window in (
+            ("Fold.add, runs followed nowhere", 0),
+            ("Fold.add, runs followed throughout", count),
+            ("Fold.add (shipped)", RUNS_WINDOW),
+        ):
+            fold = Fold(end, runs_window=window)
+            began = time.perf_counter()
+            for i in range(0, len(messages), CONSUME_BATCH):
+                fold.add(messages[i : i + CONSUME_BATCH])
+            add(label, count, round_no, time.perf_counter() - began, "in memory")
         reference = {raw.encode(): [s, t] for raw, (s, t) in fold.highest().items()}
         shift = round_no % len(variants)
         for name, scan in variants[shift:] + variants[:shift]:
