@@ -687,12 +687,15 @@ def measure_scan(context: Context, tail: Tail) -> list[ScanRow]:
 
         messages = _collect(context.bootstrap, topic, start, count)
         # Each producer's runs (`Fold.runs`) followed in the last RUNS_WINDOW offsets as
-        # shipped, nowhere, and throughout: what following them costs a record.
-        for label, window in (
+        # shipped, nowhere, and throughout: what following them costs a record. In a
+        # rotating order, as the alternatives below.
+        folds = [
+            ("Fold.add (shipped)", RUNS_WINDOW),
             ("Fold.add, runs followed nowhere", 0),
             ("Fold.add, runs followed throughout", count),
-            ("Fold.add (shipped)", RUNS_WINDOW),
-        ):
+        ]
+        turn = round_no % len(folds)
+        for label, window in folds[turn:] + folds[:turn]:
             fold = Fold(end, runs_window=window)
             began = time.perf_counter()
             for i in range(0, len(messages), CONSUME_BATCH):
