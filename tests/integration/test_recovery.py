@@ -197,16 +197,15 @@ def test_graceful_stop_snapshots_so_the_restart_replays_nothing(
 # ----------------------------------------------------------------------------- Redis
 
 
-RARE_SNAPSHOTS = {
-    "DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS": "100000000",
-    "DEDUP_PROXY_SNAPSHOT_EVERY_S": "3600",
-}
-
-
 @pytest.fixture
 def rare_snapshots(local_env: EnvInfo, tmp_path: Path) -> Iterator[RestartableProxy]:
     """Snapshots only when asked: what came after one can only be known by replaying it."""
-    proxy = recovery_proxy(local_env, tmp_path, **RARE_SNAPSHOTS)
+    proxy = recovery_proxy(
+        local_env,
+        tmp_path,
+        DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100000000",
+        DEDUP_PROXY_SNAPSHOT_EVERY_S="3600",
+    )
     yield proxy
     proxy.stop()
 
