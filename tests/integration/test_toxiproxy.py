@@ -314,7 +314,7 @@ def test_a_batch_written_before_the_dedup_proxy_was_killed_is_answered_with_its_
         toxiproxy.clear(BROKER_LINK)
         restartable.kill()  # as a supervisor kills a hung process
         proxy = restartable.start()
-        wait_until(lambda: acked() >= 2000, 60, "the producer went on")
+        wait_until(lambda: acked() >= records, 120, "every record acknowledged")
         from_the_log.append(metric_total(proxy, 'dedup_duplicate_batches_total{offset="original"'))
 
     try:
