@@ -44,6 +44,7 @@ from deploy.local import EnvInfo, java_tool_command
 from deploy.topics import create_topic
 from proxy.kafka.schemas import decode_response_body
 from proxy.kafka.upstream_client import encode_request
+from tests.support.java_clients import misreported, sent
 from tests.support.kafka_io import (
     assert_exactly_once_in_order,
     end_offset,
@@ -648,14 +649,12 @@ def test_java_idempotent_verifiable_producer_through_cuts(
     cut_while(relay, runner, every_s=0.5, limit=5)
     runner.join(300)
     events = [json.loads(line) for line in output if line.startswith("{")]
-    acked = [e for e in events if e.get("name") == "producer_send_success"]
-    failed = [e.get("exception", e) for e in events if e.get("name") == "producer_send_error"]
+    acked, failed = sent(events)
     assert relay.cuts > 0
-    assert failed == [] and len(acked) == total, (len(failed), failed[:3])
+    assert failed == [] and acked == total, (len(failed), failed[:3])
     assert_exactly_once_in_order(values(local_env.bootstrap, topic), total)
     # Each record is reported where it is, a retry answered as a duplicate included.
-    in_log = offsets_by_value(local_env.bootstrap, topic)
-    wrong = [(e["value"], e["offset"]) for e in acked if e["offset"] != in_log[e["value"].encode()]]
+    wrong = misreported(events, offsets_by_value(local_env.bootstrap, topic))
     assert wrong == [], (len(wrong), wrong[:5])
 
 

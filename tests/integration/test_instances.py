@@ -39,12 +39,12 @@ from dedup.client import DedupProducer
 from dedup.identity import DEFAULT_PRODUCER_HEADER
 from dedup.ownership.members import Member
 from dedup.ownership.placement import rendezvous
-from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, java_tool_command
+from tests.support.group import Group
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
 from tests.support.load import SequencedProducer
 from tests.support.ports import INSTANCES
-from tests.support.proxy_api import NODE_ID_STRIDE, admin_call, all_see_each_other, metric_total
+from tests.support.proxy_api import NODE_ID_STRIDE, all_see_each_other, metric_total
 from tests.support.raw import metadata_node_ids
 from tests.support.restartable import RestartableProxy
 from tests.support.topics import delete_and_create_again, new_topic
@@ -57,83 +57,15 @@ TTL_S = 3.0
 FAST = {"DEDUP_PROXY_LEASE_TTL_S": str(TTL_S), "DEDUP_PROXY_HEARTBEAT_S": "0.5"}
 
 
-class Group:
-    """Instances inst-0..n-1 sharing a key prefix and a snapshot topic."""
-
-    def __init__(
-        self,
-        env: EnvInfo,
-        log_dir: Path,
-        count: int,
-        per_member: Sequence[Mapping[str, str]] = (),
-        **settings: str,
-    ) -> None:
-        """`settings` for every instance, and `per_member[i]` for inst-i alone."""
-        tag = uuid.uuid4().hex[:8]
-        shared = {
-            "DEDUP_PROXY_REDIS_KEY_PREFIX": f"instances-{tag}",
-            "DEDUP_PROXY_SNAPSHOT_TOPIC": f"__dedup_snapshots_instances_{tag}",
-            **FAST,
-            **settings,
-        }
-        self.members = [
-            RestartableProxy(
-                env,
-                log_dir / f"inst-{i}",
-                INSTANCES[i],
-                REDIS_DB,
-                "instances",
-                DEDUP_PROXY_INSTANCE_ID=f"inst-{i}-{tag}",
-                **shared,
-                **(per_member[i] if i < len(per_member) else {}),
-            )
-            for i in range(count)
-        ]
-        for member in self.members:
-            member.log_dir.mkdir(parents=True, exist_ok=True)
-        self.ids = [member.settings["DEDUP_PROXY_INSTANCE_ID"] for member in self.members]
-
-    def start(self) -> Group:
-        for member in self.members:
-            member.start()
-        return self
-
-    def proxy(self, i: int) -> ProxyProcess:
-        process = self.members[i].process
-        assert process is not None, f"inst-{i} is not running"
-        return process
-
-    def ownership(self, i: int) -> dict[str, Any]:
-        found: dict[str, Any] = admin_call(self.proxy(i), "GET", "/v1/ownership")
-        return found
-
-    def holder(self, topic: str, partition: int) -> int:
-        """The index of the instance holding the partition's lease (asked of each)."""
-        name = f"{topic}/{partition}"
-        holders = [
-            i
-            for i, m in enumerate(self.members)
-            if m.process is not None and name in self.ownership(i)["held"]
-        ]
-        assert len(holders) == 1, f"{name} held by {holders}"
-        return holders[0]
-
-    def metric(self, series: str) -> float:
-        return sum(metric_total(m.process, series) for m in self.members if m.process is not None)
-
-    def stop(self) -> None:
-        for member in self.members:
-            if member.process is not None:
-                member.process.kill()
-                member.process = None
-
-
 @pytest.fixture
 def group_factory(local_env: EnvInfo, tmp_path: Path) -> Iterator[Any]:
     groups: list[Group] = []
 
     def make(count: int, per_member: Sequence[Mapping[str, str]] = (), **settings: str) -> Group:
-        group = Group(local_env, tmp_path, count, per_member, **settings)
+        settings = {**FAST, **settings}  # a test's own settings win
+        group = Group(
+            local_env, tmp_path, INSTANCES[:count], REDIS_DB, "instances", per_member, **settings
+        )
         groups.append(group)
         return group.start()
 

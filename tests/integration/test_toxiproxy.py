@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
@@ -28,15 +29,16 @@ from deploy import paths
 from deploy.local import EnvInfo, LocalEnvironment
 from deploy.paths import MissingRuntimeError
 from deploy.toxiproxy import ToxiproxyServer
-from tests.support.java_clients import sent, verifiable_producer_during
+from tests.support.group import Group
+from tests.support.java_clients import misreported, sent, verifiable_producer_during
 from tests.support.kafka_io import assert_exactly_once_in_order, consume, offsets_by_value, values
 from tests.support.ports import TOXIPROXY_ADVERTISED_BASE as ADVERTISED_BASE
-from tests.support.ports import TOXIPROXY_API, TOXIPROXY_DEDUP
+from tests.support.ports import TOXIPROXY_API, TOXIPROXY_DEDUP, TOXIPROXY_GROUP
 from tests.support.ports import TOXIPROXY_ECHO_LISTEN as ECHO_LISTEN
 from tests.support.ports import TOXIPROXY_ECHO_UPSTREAM as ECHO_UPSTREAM
 from tests.support.ports import TOXIPROXY_ENV as PORTS
 from tests.support.ports import TOXIPROXY_KAFKA_BASE as KAFKA_BASE
-from tests.support.proxy_api import metric_total
+from tests.support.proxy_api import all_see_each_other, metric_total
 from tests.support.restartable import RestartableProxy
 from tests.support.topics import new_topic
 from tests.support.wait import wait_until
@@ -280,6 +282,17 @@ def test_latency_slows_every_produce_by_at_least_the_delay(
     assert toxiproxy.toxics(BROKER_LINK) == []
 
 
+# A dedup proxy that takes no snapshot in a test's time: its recovery replays the whole log.
+RARE_SNAPSHOTS = {
+    "DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS": "100000000",
+    "DEDUP_PROXY_SNAPSHOT_EVERY_S": "3600",
+}
+SHORT_LEASES = {"DEDUP_PROXY_LEASE_TTL_S": "1.5", "DEDUP_PROXY_HEARTBEAT_S": "0.5"}
+JAVA_RECORDS = 3000  # sent at 1000 a second, a kill once 1000 are acknowledged
+ORIGINAL_OFFSET = 'dedup_duplicate_batches_total{offset="original"'
+TAKEN_OVER = 'dedup_lease_events_total{event="taken_over"}'
+
+
 def test_a_batch_written_before_the_dedup_proxy_was_killed_is_answered_with_its_offset(
     toxiproxy: ToxiproxyServer, kafka: EnvInfo, tmp_path: Path
 ) -> None:
@@ -289,55 +302,94 @@ def test_a_batch_written_before_the_dedup_proxy_was_killed_is_answered_with_its_
     restarted proxy, whose recovery read them in the log's tail (no snapshot since): they
     are answered with their original's offset, as Kafka's broker answers a duplicate batch,
     and every record's delivery report names where it is (before, offset -1 for them)."""
-    restartable = RestartableProxy(
-        kafka,
-        tmp_path,
-        TOXIPROXY_DEDUP,
-        0,
-        "toxi",
-        DEDUP_PROXY_LEASE_TTL_S="1.5",  # started again within 2 s
-        DEDUP_PROXY_HEARTBEAT_S="0.5",
-        DEDUP_PROXY_SNAPSHOT_EVERY_RECORDS="100000000",
-        DEDUP_PROXY_SNAPSHOT_EVERY_S="3600",
+    restartable = RestartableProxy(  # started again within 2 s, before its lease lapses
+        kafka, tmp_path, TOXIPROXY_DEDUP, 0, "toxi", **SHORT_LEASES, **RARE_SNAPSHOTS
     )
-    topic, records = new_topic(kafka.bootstrap), 3000
-    settings = tmp_path / "producer.properties"
-    settings.write_text("enable.idempotence=true\nacks=all\nretries=2147483647\nlinger.ms=5\n")
-    from_the_log: list[float] = []  # batches answered with their original's offset
 
-    def kill_with_writes_unanswered(acked: Callable[[], int]) -> None:
-        wait_until(lambda: acked() >= 1000, 60, "1000 records acknowledged")
-        toxiproxy.latency(BROKER_LINK, 300)  # Kafka's answers, from now on
-        time.sleep(0.5)
-        assert restartable.process is not None
-        os.kill(restartable.process.pid, signal.SIGSTOP)  # hung: it reads no answer
-        toxiproxy.clear(BROKER_LINK)
-        restartable.kill()  # as a supervisor kills a hung process
-        proxy = restartable.start()
-        wait_until(lambda: acked() >= records, 120, "every record acknowledged")
-        from_the_log.append(metric_total(proxy, 'dedup_duplicate_batches_total{offset="original"'))
+    def kill_and_restart() -> None:
+        kill_with_writes_unanswered(toxiproxy, restartable)
+        restartable.start()
 
     try:
-        proxy = restartable.start()
-        events = verifiable_producer_during(
-            proxy.bootstrap,
-            topic,
-            records,
-            settings,
-            kill_with_writes_unanswered,
-            *("--throughput", "1000"),
-        )
-        assert sent(events) == (records, [])
-        assert from_the_log[0] >= 1, "batches sent again, found in the log"
-        assert_exactly_once_in_order(values(kafka.bootstrap, topic), records)
-        in_log = offsets_by_value(kafka.bootstrap, topic)
-        acked = [e for e in events if e.get("name") == "producer_send_success"]
-        wrong = [
-            (e["value"], e["offset"]) for e in acked if e["offset"] != in_log[e["value"].encode()]
-        ]
-        assert wrong == [], (len(wrong), wrong[:5])
+        topic = new_topic(kafka.bootstrap)
+        bootstrap = restartable.start().bootstrap
+        events = java_producer_through_a_kill(bootstrap, topic, tmp_path, kill_and_restart)
+        assert restartable.process is not None
+        answered = metric_total(restartable.process, ORIGINAL_OFFSET)
+        assert answered >= 1, "batches sent again, found in the log"
+        assert_each_record_reported_where_it_is(kafka, topic, events)
     finally:
         restartable.stop()
+
+
+def test_a_batch_written_by_an_owner_killed_in_a_group_is_answered_with_its_offset(
+    toxiproxy: ToxiproxyServer, kafka: EnvInfo, tmp_path: Path
+) -> None:
+    """As above, in a group of two instances: the partition's owner is killed and stays
+    down, the other instance takes the partition over once its lease lapses (fenced), and
+    Kafka's Java producer, bootstrapped on both, sends its unanswered batches to it. The
+    new owner's recovery read them in the log's tail: it answers them with their
+    original's offset too."""
+    group = Group(kafka, tmp_path, TOXIPROXY_GROUP, 1, "toxi", **SHORT_LEASES, **RARE_SNAPSHOTS)
+    owners: list[int] = []
+
+    def kill_the_owner() -> None:
+        owners.append(group.holder(topic, 0))
+        kill_with_writes_unanswered(toxiproxy, group.members[owners[0]])
+
+    try:
+        group.start()
+        wait_until(
+            lambda: all_see_each_other([group.proxy(i).admin_url for i in range(2)]),
+            30,
+            "both instances see each other",
+        )
+        topic = new_topic(kafka.bootstrap)
+        events = java_producer_through_a_kill(group.bootstrap(), topic, tmp_path, kill_the_owner)
+        survivor = group.proxy(1 - owners[0])
+        assert metric_total(survivor, TAKEN_OVER) >= 1, "taken over, fenced"
+        assert metric_total(survivor, ORIGINAL_OFFSET) >= 1, "batches sent again, found in the log"
+        assert_each_record_reported_where_it_is(kafka, topic, events)
+    finally:
+        group.stop()
+
+
+def kill_with_writes_unanswered(toxiproxy: ToxiproxyServer, member: RestartableProxy) -> None:
+    """Kill -9 a dedup proxy whose last 300 ms of writes Kafka appended and never answered."""
+    toxiproxy.latency(BROKER_LINK, 300)  # Kafka's answers, from now on
+    time.sleep(0.5)
+    assert member.process is not None
+    os.kill(member.process.pid, signal.SIGSTOP)  # hung: it reads no answer
+    toxiproxy.clear(BROKER_LINK)
+    member.kill()  # as a supervisor kills a hung process
+
+
+def java_producer_through_a_kill(
+    bootstrap: str, topic: str, tmp_path: Path, kill: Callable[[], None]
+) -> list[dict[str, Any]]:
+    """Kafka's idempotent Java producer (VerifiableProducer) sends JAVA_RECORDS, with
+    `kill()` once 1000 are acknowledged; its events, every send acknowledged."""
+    settings = tmp_path / "producer.properties"
+    settings.write_text("enable.idempotence=true\nacks=all\nretries=2147483647\nlinger.ms=5\n")
+
+    def during(acked: Callable[[], int]) -> None:
+        wait_until(lambda: acked() >= 1000, 60, "1000 records acknowledged")
+        kill()
+
+    events = verifiable_producer_during(
+        bootstrap, topic, JAVA_RECORDS, settings, during, *("--throughput", "1000")
+    )
+    assert sent(events) == (JAVA_RECORDS, [])
+    return events
+
+
+def assert_each_record_reported_where_it_is(
+    kafka: EnvInfo, topic: str, events: list[dict[str, Any]]
+) -> None:
+    """Every record once, in order, and each delivery report names its record's offset."""
+    assert_exactly_once_in_order(values(kafka.bootstrap, topic), JAVA_RECORDS)
+    wrong = misreported(events, offsets_by_value(kafka.bootstrap, topic))
+    assert wrong == [], (len(wrong), wrong[:5])
 
 
 # --- helpers ----------------------------------------------------------------------------------

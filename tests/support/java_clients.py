@@ -9,7 +9,7 @@ import os
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +130,10 @@ def sent(events: list[dict[str, Any]]) -> tuple[int, list[Any]]:
     ok = sum(1 for e in events if e.get("name") == "producer_send_success")
     failed = [e.get("exception", e) for e in events if e.get("name") == "producer_send_error"]
     return ok, failed
+
+
+def misreported(events: list[dict[str, Any]], in_log: Mapping[bytes, int]) -> list[Any]:
+    """The successful sends whose delivery report names another offset than their
+    record's in the log (`in_log`: offset by value, values unique), as (value, offset)."""
+    acked = [e for e in events if e.get("name") == "producer_send_success"]
+    return [(e["value"], e["offset"]) for e in acked if e["offset"] != in_log[e["value"].encode()]]

@@ -136,6 +136,11 @@ TOXIPROXY_ENV = Ports(
 )
 # ... and a dedup proxy in front of it, killed and started again.
 TOXIPROXY_DEDUP = ProxyPorts(listen=24392, admin=24380, broker_base=24393)
+# ... and a group of two instances in front of it, its owner killed.
+TOXIPROXY_GROUP = [
+    ProxyPorts(listen=24592 + 100 * i, admin=24580 + 100 * i, broker_base=24593 + 100 * i)
+    for i in range(2)
+]
 
 # test_spark_cluster: a standalone Spark master (31700, status UI 31701) and its workers
 # (31710+i, UIs 31720+i); executors and the driver take ports of the kernel's choosing.
