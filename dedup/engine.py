@@ -26,10 +26,12 @@ For one client Produce request:
    client retries also refuses (retriable, nothing written) every request admitted on that
    partition before its answer went out: the client sent those without knowing, and
    written they would overtake its retry, whose records would then read as old duplicates.
-6. The client gets one answer per partition; where some records were dropped the base
-   offset is -1, never a wrong one. A batch dropped whole is answered, as Kafka answers a
-   duplicate batch, with the offset the original got if this instance wrote it lately and
-   has held the partition since (`dedup.recent_appends`), else -1 too. An unexpected
+6. The client gets one answer per partition. A batch dropped whole is answered, as Kafka
+   answers a duplicate batch, with the offset the original got where the partition's
+   latest appends say (`dedup.recent_appends`: written here, read by the recovery, or
+   carried by its snapshot), one partly dropped with its first record's offset where its
+   records are in a row in the log; else -1, which librdkafka numbers the batch's records
+   from (-1, 0, 1, ...): only where no base offset is right. An unexpected
    failure is answered too: retriable, and the partition is left accepting the retry
    (reset, or recovered when a write's fate is lost).
 
@@ -1000,7 +1002,9 @@ class DedupEngine:
                         table.persisted(highest, self._clock.clock_ms())
                     self._persisted.add(item.topic, item.partition, highest, item.token)
                 item.answer = PartitionAnswer(
-                    base_offset=result.base_offset if item.dropped == 0 else -1,
+                    base_offset=result.base_offset
+                    if item.dropped == 0
+                    else self._base_before_dropped(item, result.base_offset),
                     log_append_time_ms=result.log_append_time_ms,
                     log_start_offset=result.log_start_offset,
                 )
@@ -1024,15 +1028,38 @@ class DedupEngine:
             self._local.opened(key, recovered)
         self._recent.seed(key, recovered.runs, recovered.token)
 
+    def latest_appends(self, key: Key, token: str, below: int) -> dict[str, tuple[Append, ...]]:
+        """Where the partition's producers' latest batches are, as this instance knows
+        under ``token``, below offset ``below`` (`RecentAppends.latest`)."""
+        return self._recent.latest(key, token, below)
+
     def _remember_append(self, item: _Work, result: WriteResult) -> None:
         if (run := _whole_run(item)) is not None:
             producer, first, count = run
             append = Append(first, count, result.base_offset, result.log_append_time_ms, item.token)
             self._recent.record(item.key, producer, append)
 
+    def _base_before_dropped(self, item: _Work, written_at: int) -> int:
+        """A batch whose first records were dropped as duplicates and the rest written at
+        `written_at`: its first record's offset, when the dropped ones are in the log just
+        before the written ones (where this instance's latest append of them ended), so
+        that every record's offset follows from it as from any answer; else -1. A client
+        numbers a batch's records from its base offset (librdkafka even from -1: -1, 0,
+        1, ...), so -1 is the answer only where no base is right."""
+        run = _whole_run(item)
+        keep = item.keep[0] if len(item.keep) == 1 else []
+        dropped = item.dropped
+        if run is None or written_at < 0 or any(keep[:dropped]) or not all(keep[dropped:]):
+            return -1
+        producer, first, _ = run
+        found = self._recent.find(item.key, producer, first, dropped, item.token)
+        if found is None or found.base_offset + dropped != written_at:
+            return -1
+        return found.base_offset
+
     def _duplicate_answer(self, item: _Work) -> PartitionAnswer:
-        """A batch dropped whole: answered with the original's offset and append time if
-        this instance wrote it lately, under the partition's current recovery token, as
+        """A batch dropped whole: answered with the original's offset and append time
+        where the partition's latest appends under its current recovery token say, as
         Kafka's broker answers a duplicate batch; else with offset -1."""
         run = _whole_run(item)
         append = None if run is None else self._recent.find(item.key, *run, item.token)

@@ -3,7 +3,7 @@ whole as duplicates is answered as Kafka's broker answers one: with the offset a
 append time it gave the original (Kafka keeps the last 5 batches of each producer for this,
 `ProducerStateEntry`; a Java producer then reports the record's real offset, not -1).
 
-Two sources, each kept with the partition's recovery token (it names the lease and the
+Three sources, each kept with the partition's recovery token (it names the lease and the
 topic's incarnation: while it holds, no one else writes the partition), for the latest
 ``max_producer_partitions`` (producer, partition) pairs:
 - the batches this instance wrote whole under its current hold of the partition;
@@ -12,10 +12,12 @@ topic's incarnation: while it holds, no one else writes the partition), for the 
   whose answer was lost with the instance that wrote it (a crash, or this one before a
   restart) is found in them, as Kafka's new leader finds the original in the producer
   state it replicated.
+- what the snapshot that recovery started from carries: the appends its owner knew below
+  its offset (`latest`), so the owner a partition is handed over to answers them too.
 A re-send is answered from an append it lies within, since an append's sequences are at
-consecutive offsets. One that meets none (written before the snapshot the recovery started
-from, or across two appends) is answered -1, as before. A partition Kafka says it does not
-have forgets its own.
+consecutive offsets, or from the first of appends that follow each other in the log. One
+that meets none (older than the producer's latest 5) is answered -1, as before. A
+partition Kafka says it does not have forgets its own.
 """
 
 from __future__ import annotations
@@ -88,24 +90,54 @@ class RecentAppends:
                 self.record(key, producer, Append(first, count, base_offset, appended, token))
 
     def find(self, key: Key, producer: str, first: int, count: int, token: str) -> Append | None:
-        """Where these sequences were written, if they lie within one of the producer's
-        latest appends made under this recovery token: an append holds its sequences at
-        consecutive offsets, so a part of it is found as well as the whole."""
+        """Where these sequences were written, if they lie within the producer's latest
+        appends made under this recovery token: an append holds its sequences at
+        consecutive offsets, so a part of it is found as well as the whole, and so are
+        sequences across appends that follow each other in the log (the next one's
+        sequences and offsets continuing the previous one's, of one log append time)."""
+        end = first + count
+        start: Append | None = None  # the append holding `first`, once met
         for append in self._appends.get((key, producer), ()):
-            if (
-                append.first <= first
-                and first + count <= append.first + append.count
-                and append.token == token
+            if append.token != token:
+                continue
+            if start is None:
+                if append.first <= first < append.first + append.count:
+                    start = reached = append
+                else:
+                    continue
+            elif not (
+                append.first == reached.first + reached.count
+                and append.base_offset == reached.base_offset + reached.count
+                and append.log_append_time_ms == reached.log_append_time_ms
             ):
-                if first == append.first and count == append.count:
-                    return append
+                return None  # a gap before `end`: no offset holds for all of them
+            else:
+                reached = append
+            if end <= reached.first + reached.count:
+                if first == start.first and count == start.count:
+                    return start
                 return replace(
-                    append,
+                    start,
                     first=first,
                     count=count,
-                    base_offset=append.base_offset + (first - append.first),
+                    base_offset=start.base_offset + (first - start.first),
                 )
         return None
+
+    def latest(self, key: Key, token: str, below: int) -> dict[str, tuple[Append, ...]]:
+        """Per producer of the partition, its appends made under ``token`` that end below
+        offset ``below``, oldest first: what a snapshot taken at ``below`` carries
+        (`dedup.snapshots`), so that the next owner answers from them too."""
+        found = {}
+        for producer in self._producers.get(key, ()):
+            appends = tuple(
+                a
+                for a in self._appends[(key, producer)]
+                if a.token == token and a.base_offset + a.count <= below
+            )
+            if appends:
+                found[producer] = appends
+        return found
 
     def forget(self, key: Key) -> None:
         producers = self._producers.get(key)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,7 +45,7 @@ from dedup.chunks import ChunkProgress
 from dedup.fencing import Fencer
 from dedup.ownership.leases import UNKNOWN, Held, Lease, PartitionLeases
 from dedup.replay import ReplayResult, replay_partition
-from dedup.snapshots import Snapshot, SnapshotStore, StoredSnapshots
+from dedup.snapshots import APPENDS_PER_PRODUCER, Snapshot, SnapshotStore, StoredSnapshots
 from dedup.state import DedupState, RecoveredState, clock_ms
 from dedup.topic_ids import TopicIds, recovery_token
 from dedup.writer import IdempotentWriter
@@ -312,7 +312,7 @@ class Recovery:
             seconds,
             view,
             topic_id,
-            runs={p: run for p, run in replayed.runs.items() if p in producers},
+            runs=latest_runs(snapshot, replayed.runs, producers.keys()),
         )
 
     def _choose(
@@ -434,15 +434,34 @@ def _progress_logger(topic: str, partition: int, end: int) -> Callable[[int, int
     return progress
 
 
+def latest_runs(
+    snapshot: Snapshot | None,
+    tail: Mapping[str, Sequence[tuple[int, int, int, int]]],
+    loaded: Collection[str],
+) -> dict[str, list[tuple[int, int, int, int]]]:
+    """Per producer loaded, where its latest batches are, oldest first: the appends the
+    snapshot carries (below its offset), then the runs the replay followed in the tail
+    after it; the latest `APPENDS_PER_PRODUCER`, as (first sequence, records, base
+    offset, log append time)."""
+    runs: dict[str, list[tuple[int, int, int, int]]] = {}
+    if snapshot is not None:
+        for producer, appends in snapshot.appends.items():
+            if producer in loaded:
+                runs[producer] = [
+                    (a.first, a.count, a.base_offset, a.log_append_time_ms) for a in appends
+                ]
+    for producer, followed in tail.items():
+        if producer in loaded:
+            runs[producer] = [*runs.get(producer, ()), *followed][-APPENDS_PER_PRODUCER:]
+    return runs
+
+
 def without_reset(snapshot: Snapshot, resets: Mapping[str, int]) -> Snapshot:
     """The snapshot without the producers an operator reset at or past its offset: what it
     holds of them may predate the reset (one taken at the reset's offset after the reset
     holds nothing of them; one taken past it holds only what followed the reset)."""
     gone = {name for name, offset in resets.items() if offset >= snapshot.offset}
-    if not gone & (snapshot.producers.keys() | snapshot.chunks.keys()):
+    names = snapshot.producers.keys() | snapshot.chunks.keys()
+    if not gone & names:
         return snapshot
-    return replace(
-        snapshot,
-        producers={p: e for p, e in snapshot.producers.items() if p not in gone},
-        chunks={p: c for p, c in snapshot.chunks.items() if p not in gone},
-    )
+    return snapshot.only(names - gone)

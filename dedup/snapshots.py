@@ -25,9 +25,13 @@ Layout of the snapshot topic (``__dedup_snapshots`` by default, ``cleanup.policy
   (zstd), so even hundreds of thousands of producers fit in ``max.message.bytes`` (16 MiB).
   Decoding checks every field: a damaged record is reported, never trusted. ``topic_id``
   (Kafka's id of the topic, `dedup.topic_ids`) is there when known; snapshots written
-  before it was recorded have none. A reader that predates it reports such a snapshot as
-  unreadable (an unknown field) and falls back, as for any damaged one: safe, a longer
-  replay.
+  before it was recorded have none. ``appends``, when there are any, maps producers to
+  their latest appends below ``offset`` that the snapshotting owner knew
+  (`dedup.recent_appends`), each ``[first_sequence, records, base_offset,
+  log_append_time_ms]``, as Kafka's producer snapshots keep each producer's last batches:
+  the next owner answers a re-sent batch from them with its original's offset. A reader
+  that predates a field reports such a snapshot as unreadable (an unknown field) and
+  falls back, as for any damaged one: safe, a longer replay.
 
 Reading treats the topic as if fully compacted, whether or not the cleaner has run: per key
 only the last record counts (a tombstone empties the slot), so what recovery sees does not
@@ -60,6 +64,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 
 from dedup.chunks import ChunkProgress
 from dedup.identity import INT64_MAX, INT64_MIN
+from dedup.recent_appends import BATCHES_PER_PRODUCER
 from dedup.topic_ids import TOPIC_ID
 
 log = structlog.get_logger(__name__)
@@ -74,7 +79,8 @@ _FIELDS: Final = frozenset(
     ("topic", "partition", "offset", "created_ms", "generation", "producers", "chunks")
 )
 # Not in snapshots written before topic ids were recorded; read as None.
-_OPTIONAL_FIELDS: Final = frozenset(("topic_id",))
+_OPTIONAL_FIELDS: Final = frozenset(("topic_id", "appends"))
+APPENDS_PER_PRODUCER: Final = BATCHES_PER_PRODUCER
 _SHOW: Final = 60  # characters of a bad value shown in an error message
 _KEY_ROOM: Final = 1024  # the record key next to a value of MAX_SNAPSHOT_BYTES
 _GRACE_S: Final = 5.0  # past Kafka's own timeouts, for their answer to arrive
@@ -189,6 +195,34 @@ class ChunkEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class AppendEntry:
+    """One of a producer's latest appends: its sequences ``first`` .. ``first + count - 1``
+    at offsets from ``base_offset`` on (`dedup.recent_appends.Append`, without the token)."""
+
+    first: int
+    count: int
+    base_offset: int
+    log_append_time_ms: int  # -1: create-time timestamps
+
+    def __post_init__(self) -> None:
+        _check_int("first", self.first, INT64_MIN, INT64_MAX)
+        _check_int("count", self.count, 1, _INT32_MAX)
+        _check_int("base_offset", self.base_offset, 0, INT64_MAX)
+        _check_int("log_append_time_ms", self.log_append_time_ms, -1, INT64_MAX)
+
+    def to_json(self) -> list[int]:
+        return [self.first, self.count, self.base_offset, self.log_append_time_ms]
+
+    @classmethod
+    def from_json(cls, value: object) -> AppendEntry:
+        if not isinstance(value, list) or len(value) != 4:
+            raise ValueError(
+                f"expected [first, count, base_offset, log_append_time_ms], got {_show(value)}"
+            )
+        return cls(*value)
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """The dedup state of one data partition, covering every record below ``offset``.
 
@@ -206,6 +240,8 @@ class Snapshot:
     # Kafka's id of the topic the state was rebuilt from (`dedup.topic_ids`); None: not
     # known (a cluster without topic ids, or a snapshot written before they were recorded).
     topic_id: str | None = None
+    # Per producer of `producers`, its latest appends below `offset`, oldest first.
+    appends: Mapping[str, tuple[AppendEntry, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_topic_name(self.topic)
@@ -237,6 +273,24 @@ class Snapshot:
                     f"chunks of {_show(name)}: sequence {chunk.progress.sequence} in progress "
                     f"is not above its complete sequence {known.sequence}"
                 )
+        if not isinstance(self.appends, Mapping):
+            raise ValueError(f"appends must be a mapping, not {type(self.appends).__name__}")
+        for name, appends in self.appends.items():
+            if name not in self.producers:
+                raise ValueError(f"appends of {_show(name)}: not one of the producers")
+            if not isinstance(appends, tuple) or not 1 <= len(appends) <= APPENDS_PER_PRODUCER:
+                raise ValueError(
+                    f"appends of {_show(name)}: 1 to {APPENDS_PER_PRODUCER} expected, "
+                    f"got {_show(appends)}"
+                )
+            for append in appends:
+                if not isinstance(append, AppendEntry):
+                    raise ValueError(f"appends of {_show(name)}: not an AppendEntry")
+                if append.base_offset + append.count > self.offset:
+                    raise ValueError(
+                        f"appends of {_show(name)}: {append.count} at {append.base_offset} "
+                        f"reach past the snapshot's offset {self.offset}"
+                    )
 
     @property
     def key(self) -> str:
@@ -255,6 +309,8 @@ class Snapshot:
         }
         if self.topic_id is not None:
             body["topic_id"] = self.topic_id
+        if self.appends:  # only then: a reader that predates the field reads the rest
+            body["appends"] = {n: [a.to_json() for a in r] for n, r in self.appends.items()}
         # ASCII output: any Python string (even a lone surrogate) encodes without error.
         return MAGIC + json.dumps(body, separators=(",", ":"), allow_nan=False).encode("ascii")
 
@@ -318,6 +374,17 @@ class Snapshot:
                 chunks[name] = ChunkEntry.from_json(value)
             except ValueError as exc:
                 raise ValueError(f"chunks of {_show(name)}: {exc}") from None
+        raw_appends = doc.get("appends", {})
+        if not isinstance(raw_appends, dict):
+            raise ValueError(f"appends is a JSON {type(raw_appends).__name__}, not an object")
+        appends: dict[str, tuple[AppendEntry, ...]] = {}
+        for name, value in raw_appends.items():
+            if not isinstance(value, list):
+                raise ValueError(f"appends of {_show(name)}: not a list: {_show(value)}")
+            try:
+                appends[name] = tuple(AppendEntry.from_json(a) for a in value)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"appends of {_show(name)}: {exc}") from None
         return cls(
             topic=doc["topic"],
             partition=doc["partition"],
@@ -327,6 +394,7 @@ class Snapshot:
             producers=producers,
             chunks=chunks,
             topic_id=doc.get("topic_id"),
+            appends=appends,
         )
 
     def capped(self, max_producers: int) -> Snapshot:
@@ -342,10 +410,15 @@ class Snapshot:
             return self
         newest = sorted(seen.items(), key=lambda item: (item[1], item[0]), reverse=True)
         kept = {name for name, _ in newest[:max_producers]}
+        return self.only(kept)
+
+    def only(self, kept: set[str]) -> Snapshot:
+        """The snapshot of the producers in ``kept`` alone."""
         return replace(
             self,
             producers={n: e for n, e in self.producers.items() if n in kept},
             chunks={n: c for n, c in self.chunks.items() if n in kept},
+            appends={n: a for n, a in self.appends.items() if n in kept},
         )
 
     def within_bytes(self, max_bytes: int = MAX_SNAPSHOT_BYTES) -> tuple[Snapshot, bytes]:

@@ -25,7 +25,14 @@ from redis.exceptions import RedisError
 from dedup import metrics
 from dedup.engine import DedupEngine
 from dedup.partitions import PartitionState
-from dedup.snapshots import ChunkEntry, ProducerEntry, Snapshot, SnapshotError, SnapshotStore
+from dedup.snapshots import (
+    AppendEntry,
+    ChunkEntry,
+    ProducerEntry,
+    Snapshot,
+    SnapshotError,
+    SnapshotStore,
+)
 from dedup.state import DedupState, clock_ms
 from proxy.runtime import background
 
@@ -168,6 +175,8 @@ class Snapshotter:
                 # The maps the owner keeps: Redis still holds the token (this instance
                 # still owns the partition), but its copy may lag in last-seen times.
                 view = state.sequences.persisted_state()
+            # Where the producers' latest batches are: the next owner answers their re-sends
+            appends = self._engine.latest_appends(key, token, offset)
             snapshot = Snapshot(
                 topic=topic,
                 partition=partition,
@@ -178,6 +187,14 @@ class Snapshotter:
                 # Chunked messages in progress: a recovery continues them exactly.
                 chunks={p: ChunkEntry(c, seen) for p, (c, seen) in view.chunks.items()},
                 topic_id=state.topic_id,
+                appends={
+                    p: tuple(
+                        AppendEntry(a.first, a.count, a.base_offset, a.log_append_time_ms)
+                        for a in latest
+                    )
+                    for p, latest in appends.items()
+                    if p in view.producers
+                },
             ).capped(self._policy.max_producers)
             fitted, encoded = snapshot.within_bytes()
             if fitted is not snapshot:

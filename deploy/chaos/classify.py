@@ -34,7 +34,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from deploy.chaos.reported_offsets import ReportedOffsets
 
 COLUMNS: Final = (
     "DedupEnabled",
@@ -122,6 +125,8 @@ class RunResult:
     received_no_ack: int
     msgs_with_dups: int
     jumps: list[JumpEvent] = field(default_factory=list)
+    # Whether the delivery reports name where each record is (not one of the seed's columns)
+    reported_offsets: ReportedOffsets | None = None
 
     def count(self, kind: JumpKind) -> int:
         return sum(1 for event in self.jumps if event.kind is kind)

@@ -19,7 +19,13 @@ from rich.progress import (
 )
 
 from deploy.chaos.producers import CLIENTS, MAX_IN_FLIGHT, Client
-from deploy.chaos.report import plot_summary, render_table, summarize
+from deploy.chaos.report import (
+    any_wrong_report,
+    describe_reports,
+    plot_summary,
+    render_table,
+    summarize,
+)
 from deploy.chaos.runner import RunPlan, run_plan
 from deploy.chaos.scenarios import SCENARIOS, FaultSettings
 from deploy.chaos.topology import ChaosTopology, Topology
@@ -152,19 +158,25 @@ def run(
                 ) -> None:
                     bar.update(task, description=f"{name} {what}", completed=done, total=total)
 
-                run_plan(plan, topology, directory, progress)
+                outcomes = run_plan(plan, topology, directory, progress)
             csv_path = directory / f"test-{name}_dedup_output.csv"
             summary = summarize(csv_path)
             plot_summary(csv_path, directory / f"test-{name}.png", f"{name} ({client}, {backend})")
             console.print(render_table(summary))
+            for line in describe_reports(outcomes):
+                console.print(line)
             console.print(f"results in {directory}")
             # Control runs alone (--dedup off) have no verdict to fail.
             dirty = dirty or (dedup != "off" and not summary.dedup_on_clean)
+            dirty = dirty or any_wrong_report(outcomes, dedup_enabled=True)
     finally:
         if not keep_env:
             topology.down()
     if dirty:
-        console.print("[red]a dedup-on run shows duplicates, losses or jumps[/]")
+        console.print(
+            "[red]a dedup-on run shows duplicates, losses or jumps, or a delivery report "
+            "naming another record's offset[/]"
+        )
         raise typer.Exit(1)
 
 

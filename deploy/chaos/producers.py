@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 import uuid
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,19 +51,25 @@ class ProducerRun:
     sent: int = 0
     acked: int = 0  # acknowledgements so far, positive or negative
     acks: bytearray = field(init=False)  # per value: ACK_NONE / ACK_POSITIVE / ACK_NEGATIVE
+    offsets: array[int] = field(init=False)  # per value: where its positive ack put it (or -1)
     error: str | None = None  # the producer itself failed (not a message)
 
     def __post_init__(self) -> None:
         self.acks = bytearray(self.messages)
+        self.offsets = array("q", [-1]) * self.messages
 
     @property
     def acknowledged(self) -> int:
         return self.messages - self.acks.count(ACK_NONE)
 
-    def record(self, value: int, positive: bool) -> None:
+    def record(self, value: int, positive: bool, offset: int = -1) -> None:
+        """One acknowledgement; `offset`: the one a positive report named. The first
+        acknowledgement of a value is the one kept, as the seed keeps it."""
         self.acked += 1
         if 0 <= value < self.messages and self.acks[value] == ACK_NONE:
             self.acks[value] = ACK_POSITIVE if positive else ACK_NEGATIVE
+            if positive:
+                self.offsets[value] = offset
 
 
 def produce(
@@ -124,7 +131,8 @@ def _confluent(
     def delivered(err: KafkaError | None, message: Message) -> None:
         with lock:
             in_flight[0] -= 1
-        run.record(int(message.value() or b"-1"), err is None)
+        offset = message.offset()
+        run.record(int(message.value() or b"-1"), err is None, -1 if offset is None else offset)
 
     for value in range(run.messages):
         while in_flight[0] >= MAX_IN_FLIGHT:
@@ -200,7 +208,8 @@ def _java(
         event = json.loads(line)
         kind = event.get("name")
         if kind in ("producer_send_success", "producer_send_error"):
-            run.record(int(event["value"]), kind == "producer_send_success")
+            ok = kind == "producer_send_success"
+            run.record(int(event["value"]), ok, int(event.get("offset", -1)))
             acknowledged += 1
             # The tool reports acknowledgements, not sends: the fault goes in at the
             # acknowledged count, with up to a buffer of messages in flight beyond it.

@@ -9,7 +9,11 @@ CSV, which the seed wrote as `<scenario>_dedup_output.txt`; the content is the s
   lines do not say which dedup setting a run had, so a ``DedupEnabled: true|false`` line
   opens each stretch of events from one setting; a run without events writes nothing.
 
-Both are appended to and closed after every run, so a long campaign can be followed with
+And one of this project's own: ``<scenario>_reported_offsets.csv``, one row per run, how many
+positive delivery reports named their record's offset, none, or a wrong one
+(`deploy.chaos.reported_offsets`).
+
+All are appended to and closed after every run, so a long campaign can be followed with
 ``tail -f`` and survives an interrupted run.
 """
 
@@ -26,6 +30,14 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 JUMP_COLUMNS: Final = ("DJF", "DJB", "JF", "JB")
+OFFSET_COLUMNS: Final = (
+    "DedupEnabled",
+    "TestRun",
+    "PosAckCount",
+    "OffsetRight",
+    "OffsetUnknown",
+    "OffsetWrong",
+)
 Row = dict[str, str | int]  # as RunResult.row: DedupEnabled "true"/"false", the rest ints
 
 
@@ -39,6 +51,7 @@ class ResultsWriter:
     def __init__(self, results_dir: Path, scenario: str) -> None:
         self.csv_path = results_dir / f"{scenario}_dedup_output.csv"
         self.order_path = results_dir / f"{scenario}_order_output.txt"
+        self.offsets_path = results_dir / f"{scenario}_reported_offsets.csv"
         self._section: bool | None = None  # the setting the order log's last events had
         results_dir.mkdir(parents=True, exist_ok=True)
         if self.csv_path.exists() and self.csv_path.stat().st_size > 0:
@@ -51,9 +64,17 @@ class ResultsWriter:
                 csv.writer(handle).writerow(COLUMNS)
 
     def append(self, result: RunResult) -> None:
-        """Write one run's row and events (closing both files, so they are on disk)."""
+        """Write one run's rows and events (closing the files, so they are on disk)."""
         with self.csv_path.open("a", newline="") as handle:
             csv.writer(handle).writerow(result.row.values())
+        if (reported := result.reported_offsets) is not None:
+            new = not self.offsets_path.exists()
+            with self.offsets_path.open("a", newline="") as handle:
+                writer = csv.writer(handle)
+                if new:
+                    writer.writerow(OFFSET_COLUMNS)
+                row = (_flag(result.dedup_enabled), result.run, result.pos_ack_count)
+                writer.writerow((*row, reported.right, reported.unknown, reported.wrong))
         if not result.jumps:
             return
         with self.order_path.open("a") as handle:
@@ -68,7 +89,33 @@ def describe_runs(outcomes: list[RunResult]) -> str:
     return "; ".join(
         f"dedup={o.dedup_enabled} dups={o.msgs_with_dups} lost={o.not_received} "
         f"jumps={len(o.jumps)} sent={o.send_count} received={o.received}"
+        + ("" if o.reported_offsets is None else f" {o.reported_offsets.describe()}")
         for o in outcomes
+    )
+
+
+def describe_reports(outcomes: list[RunResult]) -> list[str]:
+    """Per dedup setting, the positive delivery reports of its runs by kind."""
+    lines = []
+    for dedup in (False, True):
+        found = [o.reported_offsets for o in outcomes if o.dedup_enabled is dedup]
+        reports = [r for r in found if r is not None]
+        if reports:
+            lines.append(
+                f"delivery reports, dedup {'on' if dedup else 'off'}: "
+                f"{sum(r.right for r in reports)} at their record, "
+                f"{sum(r.unknown for r in reports)} with no offset, "
+                f"{sum(r.wrong for r in reports)} naming another record's offset"
+            )
+    return lines
+
+
+def any_wrong_report(outcomes: list[RunResult], *, dedup_enabled: bool) -> bool:
+    """Whether a run of that setting had a delivery report naming another record's offset."""
+    return any(
+        o.reported_offsets is not None and o.reported_offsets.wrong > 0
+        for o in outcomes
+        if o.dedup_enabled is dedup_enabled
     )
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -22,6 +23,7 @@ from confluent_kafka import Consumer, TopicPartition
 from deploy.chaos.classify import RunResult, classify_run
 from deploy.chaos.producers import Client, ProducerRun, produce
 from deploy.chaos.report import ResultsWriter
+from deploy.chaos.reported_offsets import NOT_IN_LOG, check_reported_offsets
 from deploy.chaos.scenarios import FaultSettings, Scenario
 from deploy.chaos.topology import BROKERS, Topology
 from deploy.topics import create_topic, delete_topic
@@ -110,10 +112,12 @@ def _one_run(
     finally:
         plan.scenario.after_run(topology)
     progress(f"{label}: reading back", 0, plan.messages)
-    values = list(_read_back(topology.kafka_bootstrap, topic))
+    values, log_values = _read_back(topology.kafka_bootstrap, topic)
     outcome = classify_run(
         values, sending.acks, start=0, dedup_enabled=dedup, run=number, send_count=sending.sent
     )
+    reported = check_reported_offsets(sending.offsets, sending.acks, log_values)
+    outcome = replace(outcome, reported_offsets=reported)
     log.info(
         "chaos run done",
         scenario=plan.scenario.name,
@@ -121,6 +125,10 @@ def _one_run(
         in_flight_at_fault=in_flight_at_fault[0] if in_flight_at_fault else None,
         producer_error=sending.error,
         **{k: v for k, v in outcome.row.items() if k not in ("DedupEnabled", "TestRun")},
+        offsets_right=reported.right,
+        offsets_unknown=reported.unknown,
+        offsets_wrong=reported.wrong,
+        wrong_examples=reported.examples or None,
     )
     _delete_run_topic(topology.kafka_bootstrap, topic)
     return outcome
@@ -146,8 +154,9 @@ def _fresh_topic(bootstrap: str) -> str:
     )
 
 
-def _read_back(bootstrap: str, topic: str) -> Iterator[int]:
-    """Every record of partition 0, in log order, as the integer it carries."""
+def _read_back(bootstrap: str, topic: str) -> tuple[list[int], array[int]]:
+    """Every record of partition 0 as the integer it carries: in log order, and by offset
+    (`NOT_IN_LOG` where no record is)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -160,6 +169,8 @@ def _read_back(bootstrap: str, topic: str) -> Iterator[int]:
     try:
         partition = TopicPartition(topic, 0)
         _, end = consumer.get_watermark_offsets(partition, timeout=30)
+        values: list[int] = []
+        by_offset = array("q", [NOT_IN_LOG]) * end
         consumer.assign([TopicPartition(topic, 0, 0)])
         position = 0
         deadline = time.monotonic() + 300
@@ -170,7 +181,12 @@ def _read_back(bootstrap: str, topic: str) -> Iterator[int]:
                 if message.error() is not None:
                     position = max(position, message.offset() or 0)
                     continue
-                position = (message.offset() or 0) + 1
-                yield int(message.value() or b"-1")
+                position = message.offset() or 0
+                value = int(message.value() or b"-1")
+                values.append(value)
+                if position < end:
+                    by_offset[position] = value
+                position += 1
+        return values, by_offset
     finally:
         consumer.close()

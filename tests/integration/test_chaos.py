@@ -71,6 +71,7 @@ def test_scenario_control_fails_and_dedup_is_clean(
     summary = summarize(tmp_path / "dedup" / f"test-{scenario}_dedup_output.csv")
     assert summary.dedup_on_clean, describe_runs(dedup)
     assert all(o.not_received == 0 and o.received == MESSAGES for o in dedup), describe_runs(dedup)
+    assert_no_report_names_a_wrong_offset(control + dedup)
 
 
 def test_kill_proxy_multi_control_duplicates_and_dedup_is_clean(
@@ -89,6 +90,7 @@ def test_kill_proxy_multi_control_duplicates_and_dedup_is_clean(
     summary = summarize(tmp_path / "dedup" / "test-kill-proxy-multi_dedup_output.csv")
     assert summary.dedup_on_clean, describe_runs(dedup)
     assert all(o.clean and o.received == MESSAGES for o in dedup), describe_runs(dedup)
+    assert_no_report_names_a_wrong_offset(control + dedup)
 
 
 @pytest.mark.parametrize("client", ["confluent-implicit", "java-implicit"])
@@ -104,6 +106,7 @@ def test_implicit_identity_clients_through_kill_tcp(
     dedup = [o for o in outcomes if o.dedup_enabled]
     assert all(o.clean and o.received == MESSAGES for o in dedup), describe_runs(outcomes)
     assert any(not o.clean for o in outcomes if not o.dedup_enabled), describe_runs(outcomes)
+    assert_no_report_names_a_wrong_offset(outcomes)
 
 
 def test_chaos_command_writes_the_seed_csv_and_a_plot(
@@ -130,8 +133,20 @@ def test_chaos_command_writes_the_seed_csv_and_a_plot(
     )
     assert csv_text.splitlines()[1] == "true,1,20000,20000,20000,0,20000,0,0,0,0,0,0,0"
     assert (tmp_path / "kill-proxy" / "test-kill-proxy.png").stat().st_size > 0
+    offsets = (tmp_path / "kill-proxy" / "test-kill-proxy_reported_offsets.csv").read_text()
+    header, row = offsets.splitlines()
+    assert header == "DedupEnabled,TestRun,PosAckCount,OffsetRight,OffsetUnknown,OffsetWrong"
+    assert row.startswith("true,1,20000,") and row.endswith(",0"), row  # nothing wrong
     left = _chaos_topics(topology) - before
     assert not left, f"the run left its topic behind: {sorted(left)}"
+
+
+def assert_no_report_names_a_wrong_offset(outcomes: list[RunResult]) -> None:
+    """Each positive delivery report names its record's offset, or none (-1): never
+    another record's, with dedup on or off."""
+    assert all(o.reported_offsets is not None for o in outcomes)
+    wrong = [o for o in outcomes if o.reported_offsets and o.reported_offsets.wrong]
+    assert not wrong, describe_runs(outcomes)
 
 
 def _chaos_topics(topology: ChaosTopology) -> set[str]:

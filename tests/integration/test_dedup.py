@@ -38,6 +38,7 @@ from confluent_kafka.admin import (
 )
 
 from dedup.client import DedupProducer
+from dedup.identity import DEFAULT_PRODUCER_HEADER, DEFAULT_SEQUENCE_HEADER
 from dedup.state import DedupState, PartitionCheck
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo, java_tool_command
@@ -205,9 +206,38 @@ def test_a_resent_batch_is_answered_with_its_originals_offset_and_append_time(
     assert [(a.error_code, a.base_offset, a.log_append_time) for a in resent] == [
         (0, a.base_offset, a.log_append_time) for a in sent
     ]
-    assert send(1, 2).base_offset == -1, "not a batch written: no offset, never a wrong one"
     assert metric_total(dedup_proxy, original) == before + 2
     assert values(local_env.bootstrap, topic) == [f"k{i}".encode() for i in range(5)]
+
+
+def test_a_batch_partly_or_wholly_written_before_is_answered_with_its_first_records_offset(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """A client numbers a batch's records from the answer's base offset (librdkafka even
+    from -1: -1, 0, 1, ...). So a batch sent again across two earlier batches, or one
+    whose first records were written before and the rest now, is answered with its first
+    record's offset wherever its records follow each other in the log; where they do not
+    (another producer's record between), -1."""
+    topic = new_topic(local_env.bootstrap)
+
+    def send(name: str, base: int, count: int) -> Any:
+        batch = explicit_batch([(name, base + i) for i in range(count)])
+        return produce_raw(dedup_proxy, produce_request(topic, {0: batch}))
+
+    written = [send("p", 0, 2), send("p", 2, 2)]  # offsets 0-1, 2-3
+    assert [(a.error_code, a.base_offset) for a in written] == [(0, 0), (0, 2)]
+    across = send("p", 1, 2)  # p/1 and p/2: the end of one batch and the start of the next
+    assert (across.error_code, across.base_offset) == (0, 1)
+    partly = send("p", 2, 4)  # p/2, p/3 written before; p/4, p/5 written now at 4-5
+    assert (partly.error_code, partly.base_offset) == (0, 2)
+    assert send("q", 0, 1).base_offset == 6
+    apart = send("p", 5, 2)  # p/5 at 5; p/6 written now at 7, after q/0
+    assert (apart.error_code, apart.base_offset) == (0, -1), "no base is right for both"
+    in_log = [
+        (h[DEFAULT_PRODUCER_HEADER], h[DEFAULT_SEQUENCE_HEADER])
+        for _, h in read_all(local_env.bootstrap, topic)
+    ]
+    assert in_log == [(b"p", str(i).encode()) for i in range(6)] + [(b"q", b"0"), (b"p", b"6")]
 
 
 def test_discontinuous_sequence_ids(dedup_proxy: ProxyProcess, local_env: EnvInfo) -> None:

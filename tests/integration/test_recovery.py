@@ -562,6 +562,39 @@ def test_a_batch_resent_after_a_crash_is_answered_with_its_originals_offset_from
     assert recoveries(restartable, topic=topic, replayed=5), "from the tail, after the restart"
 
 
+def test_a_batch_resent_after_a_snapshot_covered_it_is_answered_from_the_snapshot(
+    rare_snapshots: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """As above, with a snapshot taken after the writes and before the kill: the
+    restarted proxy's replay starts past them, and the snapshot carries where they are (as
+    one taken at a handoff carries it to the next owner). Before, their re-sends were
+    answered -1, which librdkafka turns into offsets -1, 0, 1, ... for a batch's records:
+    other records' offsets."""
+    restartable = rare_snapshots
+    topic = new_topic(local_env.bootstrap, config={"message.timestamp.type": "LogAppendTime"})
+
+    def send(proxy: ProxyProcess, base: int, count: int) -> Any:
+        keys = [f"k{base + i}".encode() for i in range(count)]
+        return produce_raw(
+            proxy, produce_request(topic, {0: idempotent_batch(keys, 7373, 0, base)})
+        )
+
+    first = restartable.start()
+    sent = [send(first, 0, 2), send(first, 2, 3)]
+    assert [a.error_code for a in sent] == [0, 0]
+    taken = proxy_json(restartable, f"/v1/topics/{topic}/partitions/0/snapshot", "POST")
+    assert taken["producers"] == 1
+    restartable.kill()
+    again = restartable.start()
+    resent = [send(again, 0, 2), send(again, 2, 3), send(again, 3, 2)]
+    assert [(a.error_code, a.base_offset, a.log_append_time) for a in resent] == [
+        *[(0, a.base_offset, a.log_append_time) for a in sent],
+        (0, sent[1].base_offset + 1, sent[1].log_append_time),  # within the second batch
+    ]
+    assert values(local_env.bootstrap, topic) == [f"k{i}".encode() for i in range(5)]
+    assert recoveries(restartable, topic=topic, snapshot_offset=5, replayed=0), "from it alone"
+
+
 # -------------------------------------------------------------------------- a topic created again
 
 

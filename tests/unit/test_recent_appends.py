@@ -24,7 +24,8 @@ def test_a_batch_is_found_within_one_of_the_latest_five() -> None:
     assert recent.find(P0, "p", 2, 2, HELD) == append(2, 2)
     # A part of one: its sequences are at consecutive offsets from the append's.
     assert recent.find(P0, "p", 3, 1, HELD) == append(3, 1)
-    assert recent.find(P0, "p", 3, 2, HELD) is None, "across two appends: no offset of one"
+    # Across two appends that follow each other in the log: the first one's offset holds.
+    assert recent.find(P0, "p", 3, 2, HELD) == append(3, 2)
     assert recent.find(P0, "p", 10, 3, HELD) is None, "beyond the last"
     assert recent.find(P1, "p", 2, 2, HELD) is None and recent.find(P0, "q", 2, 2, HELD) is None
 
@@ -118,3 +119,28 @@ def test_a_recovery_seeds_the_newest_runs_last_so_the_bound_keeps_them() -> None
     assert recent.find(P0, "old", 0, 1, HELD) is None
     assert recent.find(P0, "mid", 0, 1, HELD) is not None, "by its latest run, at 50"
     assert recent.find(P0, "new", 0, 1, HELD) is not None
+
+
+def test_a_snapshot_takes_the_appends_of_its_hold_that_end_below_its_offset() -> None:
+    recent = RecentAppends(10)
+    recent.record(P0, "p", append(0, 2))  # offsets 100, 101
+    recent.record(P0, "p", append(2, 3))  # 102..104
+    recent.record(P0, "q", append(0, 1, token="inst-1.1"))  # an earlier hold's
+    recent.record(P1, "p", append(0, 1))
+    assert recent.latest(P0, HELD, 105) == {"p": (append(0, 2), append(2, 3))}
+    assert recent.latest(P0, HELD, 104) == {"p": (append(0, 2),)}, "one past the offset"
+    assert recent.latest(P0, HELD, 100) == {}
+    assert recent.latest(("other", 0), HELD, 1000) == {}
+
+
+def test_sequences_across_appends_are_found_only_where_the_log_runs_on() -> None:
+    recent = RecentAppends(10)
+    recent.record(P0, "p", Append(0, 2, base_offset=10, log_append_time_ms=-1, token=HELD))
+    recent.record(P0, "p", Append(2, 2, base_offset=12, log_append_time_ms=-1, token=HELD))
+    recent.record(P0, "p", Append(4, 2, base_offset=20, log_append_time_ms=-1, token=HELD))
+    recent.record(P0, "p", Append(6, 2, base_offset=22, log_append_time_ms=5, token=HELD))
+    assert recent.find(P0, "p", 1, 3, HELD) == Append(1, 3, 11, -1, HELD)
+    assert recent.find(P0, "p", 0, 4, HELD) == Append(0, 4, 10, -1, HELD)
+    assert recent.find(P0, "p", 3, 2, HELD) is None, "another producer's records between"
+    assert recent.find(P0, "p", 5, 2, HELD) is None, "another log append time: not one batch's"
+    assert recent.find(P0, "p", 7, 2, HELD) is None, "beyond the last"

@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dedup.chunks import MAX_CHUNK_COUNT, MAX_TOTAL_SIZE, ChunkProgress
-from dedup.recovery import without_reset
+from dedup.recovery import latest_runs, without_reset
 from dedup.snapshots import (
+    APPENDS_PER_PRODUCER,
     MAGIC,
     RESETS_SLOT,
+    AppendEntry,
     ChunkEntry,
     CorruptSnapshot,
     ProducerEntry,
@@ -75,10 +77,17 @@ def snapshots_of(draw: st.DrawFn) -> Snapshot:
             max_size=4,
         )
     )
+    offset = draw(st.integers(0, INT64_MAX))
+    appends = {}
+    for name in draw(st.sets(st.sampled_from(sorted(producers)), max_size=3)) if producers else ():
+        appends[name] = tuple(
+            draw(append_entries(below=offset), label=name)
+            for _ in range(draw(st.integers(1, APPENDS_PER_PRODUCER)))
+        )
     return Snapshot(
         topic=draw(topics),
         partition=draw(st.integers(0, 2**31 - 1)),
-        offset=draw(st.integers(0, INT64_MAX)),
+        offset=offset,
         created_ms=draw(st.integers(0, INT64_MAX)),
         generation=draw(st.integers(0, INT64_MAX)),
         producers=producers,
@@ -89,7 +98,17 @@ def snapshots_of(draw: st.DrawFn) -> Snapshot:
             if name not in producers or chunk.progress.sequence > producers[name].sequence
         },
         topic_id=draw(st.none() | st.uuids().map(str)),
+        appends=appends if offset > 0 else {},
     )
+
+
+@st.composite
+def append_entries(draw: st.DrawFn, below: int) -> AppendEntry:
+    """An append that ends below offset `below` (> 0)."""
+    base = draw(st.integers(0, max(0, below - 1)))
+    count = draw(st.integers(1, max(1, min(below - base, 2**31 - 1))))
+    appended = draw(st.integers(-1, INT64_MAX))
+    return AppendEntry(draw(st.integers(INT64_MIN, INT64_MAX)), count, base, appended)
 
 
 snapshots = snapshots_of()
@@ -253,6 +272,17 @@ def test_decode_says_why(data: bytes, reason: str) -> None:
         ({"topic_id": None}, "topic_id is not a lower-case UUID: None"),
         ({"topic_id": "5C1A4F3E-0000-0000-0000-000000000000"}, "not a lower-case UUID"),
         ({"topic_id": "not-a-uuid"}, "not a lower-case UUID"),
+        ({"appends": []}, "appends is a JSON list"),
+        ({"appends": {"a": [1, 1, 0, -1]}}, r"appends of 'a': expected .*, got 1$"),
+        ({"appends": {"a": [[1, 1, 0]]}}, r"appends of 'a': expected \[first, count"),
+        ({"appends": {"a": [[1, 0, 0, -1]]}}, "appends of 'a': count 0 is outside"),
+        ({"appends": {"a": [[1, 1, -1, -1]]}}, "appends of 'a': base_offset -1 is outside"),
+        ({"appends": {"a": [[1, 1, 0, -2]]}}, "log_append_time_ms -2 is outside"),
+        ({"appends": {"a": [[1, 1, 0, 1.5]]}}, "log_append_time_ms must be an integer"),
+        ({"appends": {"a": [[1, 2, 999, -1]]}}, "2 at 999 reach past the snapshot's offset 1000"),
+        ({"appends": {"a": []}}, "appends of 'a': 1 to 5 expected"),
+        ({"appends": {"a": [[i, 1, i, -1] for i in range(6)]}}, "1 to 5 expected"),
+        ({"appends": {"z": [[1, 1, 0, -1]]}}, "appends of 'z': not one of the producers"),
     ],
 )
 def test_decode_checks_every_field(changes: dict[str, Any], reason: str) -> None:
@@ -270,6 +300,25 @@ def test_the_topic_id_is_kept_when_known_and_absent_before() -> None:
     assert Snapshot.decode(raw(body())).topic_id is None
 
 
+def test_appends_are_written_only_when_there_are_any_and_read_back() -> None:
+    """A snapshot without appends is the format readers before them read; one with them
+    keeps each producer's latest batches below its offset."""
+    assert "appends" not in json.loads(snapshot().encode()[len(MAGIC) :])
+    carried = snapshot(appends={"a": (AppendEntry(3, 2, 10, -1), AppendEntry(5, 1, 20, 77))})
+    assert carried.encode().endswith(b'"appends":{"a":[[3,2,10,-1],[5,1,20,77]]}}')
+    assert Snapshot.decode(carried.encode()) == carried
+    assert Snapshot.decode(raw(body())).appends == {}
+
+
+def test_producers_left_out_take_their_appends_along() -> None:
+    carried = snapshot(
+        producers={"a": ProducerEntry(5, 100), "b": ProducerEntry(9, 200)},
+        appends={"a": (AppendEntry(5, 1, 10, -1),), "b": (AppendEntry(9, 1, 11, -1),)},
+    )
+    assert carried.capped(1).appends == {"b": (AppendEntry(9, 1, 11, -1),)}
+    assert without_reset(carried, {"b": 1000}).appends == {"a": (AppendEntry(5, 1, 10, -1),)}
+
+
 def test_invalid_snapshots_cannot_be_built() -> None:
     with pytest.raises(ValueError, match="offset -1"):
         snapshot(offset=-1)
@@ -283,6 +332,8 @@ def test_invalid_snapshots_cannot_be_built() -> None:
         snapshot(chunks={"a": {"uuid": "x"}})
     with pytest.raises(ValueError, match="not above its complete sequence 5"):
         snapshot(chunks={"a": ChunkEntry(ChunkProgress(5, "a-5", 0, 2, 10, 4), 0)})
+    with pytest.raises(ValueError, match="appends of 'a': not an AppendEntry"):
+        snapshot(appends={"a": ((3, 1, 0, -1),)})
 
 
 def test_chunks_in_progress_round_trip_in_their_documented_form() -> None:
@@ -373,6 +424,25 @@ def test_a_reset_at_or_past_the_snapshot_drops_the_producer_from_it() -> None:
     assert set(without_reset(taken, {"a": 1000}).producers) == {"b"}  # maybe taken before it
     assert set(without_reset(taken, {"a": 5000, "b": 1001}).producers) == set()
     assert without_reset(taken, {"zzz": 5000}) is taken  # not in the snapshot
+
+
+def test_a_recovery_seeds_the_snapshots_appends_then_the_tails_runs() -> None:
+    """Where each loaded producer's latest batches are: the snapshot's appends (below its
+    offset), then what the replay followed after it; the latest five."""
+    taken = snapshot(
+        appends={
+            "a": tuple(AppendEntry(i, 1, 900 + i, -1) for i in range(4)),
+            "b": (AppendEntry(-1, 1, 950, -1),),
+        }
+    )
+    tail = {"a": [(4, 10, 1000, -1), (14, 5, 1012, -1)], "c": [(0, 3, 1020, -1)]}
+    assert latest_runs(taken, tail, {"a", "c"}) == {
+        # The tail's 2 after the snapshot's 4, of which the oldest is left out
+        "a": [(1, 1, 901, -1), (2, 1, 902, -1), (3, 1, 903, -1), *tail["a"]],
+        "c": [(0, 3, 1020, -1)],
+    }, "b not loaded: none of its"
+    assert latest_runs(None, tail, {"a"}) == {"a": tail["a"]}
+    assert latest_runs(taken, {}, {"b"}) == {"b": [(-1, 1, 950, -1)]}
 
 
 def test_resets_records_decode_or_are_corrupt() -> None:

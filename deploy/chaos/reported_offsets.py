@@ -1,0 +1,60 @@
+"""Whether each acknowledged message's delivery report names where it is in the log.
+
+Beside the seed's verdict (what the log holds), a Kafka user relies on the offset a
+producer's delivery report gives (`RecordMetadata.offset()`, librdkafka's
+`rd_kafka_message_t.offset`): stored as a position, logged, handed on. A report is
+
+- right: the record at the offset it names carries its value;
+- unknown: it names no offset (a negative one: Kafka's -1, librdkafka's -1001), as Kafka
+  answers an idempotent producer's duplicate of a batch it no longer remembers;
+- wrong: the offset it names holds another value, or no record at all. A proxy must
+  never do that; no client can tell it from a right one.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Final
+
+from deploy.chaos.classify import ACK_POSITIVE
+
+NOT_IN_LOG: Final = -1  # a `log` entry of an offset no record was read at
+
+
+@dataclass(frozen=True)
+class ReportedOffsets:
+    """One run's positive reports, counted by kind."""
+
+    right: int
+    unknown: int
+    wrong: int
+    examples: list[tuple[int, int]] = field(default_factory=list)  # (value, offset) wrong
+
+    def describe(self) -> str:
+        """``offsets right=.. unknown=.. wrong=..``, and the wrong examples (value, offset)."""
+        counts = f"offsets right={self.right} unknown={self.unknown} wrong={self.wrong}"
+        return counts + (f" {self.examples}" if self.examples else "")
+
+
+def check_reported_offsets(
+    reported: array[int], acks: bytes | bytearray, log: array[int], *, keep: int = 5
+) -> ReportedOffsets:
+    """`reported[v]`: the offset the positive report of value v named (negative: none);
+    `acks[v]`: its acknowledgement (`ACK_POSITIVE`: reported); `log[o]`: the value at
+    offset o (`NOT_IN_LOG`: none read). Up to `keep` wrong reports are kept as examples."""
+    right = unknown = wrong = 0
+    examples: list[tuple[int, int]] = []
+    for value, ack in enumerate(acks):
+        if ack != ACK_POSITIVE:
+            continue
+        offset = reported[value]
+        if offset < 0:
+            unknown += 1
+        elif offset < len(log) and log[offset] == value:
+            right += 1
+        else:
+            wrong += 1
+            if len(examples) < keep:
+                examples.append((value, offset))
+    return ReportedOffsets(right, unknown, wrong, examples)
