@@ -195,6 +195,7 @@ class DedupService:
                 every_records=settings.snapshot_every_records,
                 every_s=settings.snapshot_every_s,
                 max_producers=settings.max_producers_per_snapshot,
+                appends=settings.snapshot_appends,
             ),
         )
         self.ownership.bind(on_lost=self.recoveries.forget, handoff=self._hand_off)

@@ -166,6 +166,13 @@ class DedupSettings(BaseSettings):
         "deleted are given up",
     )
     max_producers_per_snapshot: int = Field(default=10_000, gt=0)
+    snapshot_appends: bool = Field(
+        default=True,
+        description="snapshots carry where each producer's latest batches are, so the next "
+        "owner answers their re-sends with their offsets; false while proxies of a version "
+        "before this field may read the snapshots (a rolling upgrade): those read such a "
+        "snapshot as damaged and replay longer",
+    )
     ambiguous_write_give_up_s: float = Field(
         default=120.0,
         gt=0,

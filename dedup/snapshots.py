@@ -422,12 +422,15 @@ class Snapshot:
         )
 
     def within_bytes(self, max_bytes: int = MAX_SNAPSHOT_BYTES) -> tuple[Snapshot, bytes]:
-        """At most ``max_bytes`` encoded: the most recently seen producers that fit (long
-        names can make even `capped` too big for the topic, and a snapshot that never fits
-        would fail for ever); with its encoding, made once when it fits as it is."""
+        """At most ``max_bytes`` encoded: without appends, then the most recently seen
+        producers that fit (long names can make even `capped` too big for the topic, and a
+        snapshot that never fits would fail for ever); with its encoding, made once when it
+        fits as it is."""
         encoded = self.encode()
         if len(encoded) <= max_bytes:
             return self, encoded
+        if self.appends:  # where batches are is worth less than what producers wrote
+            return replace(self, appends={}).within_bytes(max_bytes)
         count = len(self.producers.keys() | self.chunks.keys())
         low, high = 0, count  # `low` producers fit; `high` do not
         while high - low > 1:

@@ -46,6 +46,7 @@ class SnapshotPolicy:
     every_records: int = 1000
     every_s: float = 120.0
     max_producers: int = 10_000
+    appends: bool = True  # each producer's latest batches, for the next owner's answers
     tick_s: float = 1.0
     retry_s: tuple[float, float] = (1.0, 60.0)  # first and longest pause after a failure
 
@@ -176,7 +177,9 @@ class Snapshotter:
                 # still owns the partition), but its copy may lag in last-seen times.
                 view = state.sequences.persisted_state()
             # Where the producers' latest batches are: the next owner answers their re-sends
-            appends = self._engine.latest_appends(key, token, offset)
+            appends = {}
+            if self._policy.appends:
+                appends = self._engine.latest_appends(key, token, offset)
             snapshot = Snapshot(
                 topic=topic,
                 partition=partition,

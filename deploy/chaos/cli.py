@@ -74,7 +74,8 @@ def run(
         ),
     ] = "local",
 ) -> None:
-    """Run a scenario; exit 1 if any dedup-on run shows a duplicate, a loss or a jump."""
+    """Run a scenario; exit 1 if any dedup-on run shows a duplicate, a loss, a jump, or a
+    delivery report naming another record's offset."""
     # "all" is every scenario the backend can run; one named that it cannot is refused below.
     names = (
         [n for n, s in SCENARIOS.items() if backend in s.backends]

@@ -521,14 +521,25 @@ def test_a_late_write_of_the_killed_proxy_is_refused_after_the_restart(
     assert b"zombie" not in values(local_env.bootstrap, topic)
 
 
-def test_a_batch_resent_after_a_crash_is_answered_with_its_originals_offset_from_the_log(
-    rare_snapshots: RestartableProxy, local_env: EnvInfo
+@pytest.mark.parametrize(
+    "snapshot", ["before the writes", "after the writes", "after the writes, without appends"]
+)
+def test_a_batch_resent_after_a_crash_is_answered_with_its_originals_offset(
+    rare_snapshots: RestartableProxy, local_env: EnvInfo, snapshot: str
 ) -> None:
-    """The proxy killed after writing batches whose answers never left: the restarted one's
-    recovery reads where they are in the log's tail (after the last snapshot) and answers
-    their re-sends as Kafka's broker answers a duplicate batch, with the original's offset
-    and log append time. A Java producer then reports where its records are, not -1."""
+    """The proxy killed after writing batches whose answers never left: the restarted one
+    answers their re-sends as Kafka's broker answers a duplicate batch, with the
+    original's offset and log append time. A Java producer then reports where its records
+    are, not -1; librdkafka, which numbers a batch's records from the answer's base, no
+    longer reports -1, 0, 1, ... (other records' offsets).
+    - A snapshot before the writes: the recovery reads where they are in the log's tail.
+    - A snapshot after them: the recovery replays nothing, and the snapshot carries where
+      they are (as one taken at a handoff carries it to the next owner).
+    - The same with `snapshot_appends` off (a rolling upgrade): answered -1, as before."""
     restartable = rare_snapshots
+    without = snapshot.endswith("without appends")
+    if without:
+        restartable.settings["DEDUP_PROXY_SNAPSHOT_APPENDS"] = "false"
     topic = new_topic(local_env.bootstrap, config={"message.timestamp.type": "LogAppendTime"})
 
     def send(proxy: ProxyProcess, base: int, count: int) -> Any:
@@ -537,21 +548,28 @@ def test_a_batch_resent_after_a_crash_is_answered_with_its_originals_offset_from
             proxy, produce_request(topic, {0: idempotent_batch(keys, 7272, 0, base)})
         )
 
+    def take_snapshot() -> Any:
+        return proxy_json(restartable, f"/v1/topics/{topic}/partitions/0/snapshot", "POST")
+
     first = restartable.start()
     proxy_json(restartable, f"/v1/topics/{topic}/partitions/0/recover", "POST")
-    assert (
-        proxy_json(restartable, f"/v1/topics/{topic}/partitions/0/snapshot", "POST")["producers"]
-        == 0
-    ), "a snapshot before the writes: they are in the tail alone"
+    if snapshot == "before the writes":
+        assert take_snapshot()["producers"] == 0, "the writes are in the tail alone"
     sent = [send(first, 0, 2), send(first, 2, 3)]
     assert [a.error_code for a in sent] == [0, 0]
+    if snapshot.startswith("after the writes"):
+        assert take_snapshot()["producers"] == 1
     restartable.kill()
     again = restartable.start()
     resent = [send(again, 0, 2), send(again, 2, 3), send(again, 3, 2)]
-    assert [(a.error_code, a.base_offset, a.log_append_time) for a in resent] == [
-        *[(0, a.base_offset, a.log_append_time) for a in sent],
-        (0, sent[1].base_offset + 1, sent[1].log_append_time),  # within the second batch
-    ]
+    assert [(a.error_code, a.base_offset, a.log_append_time) for a in resent] == (
+        [(0, -1, None)] * 3
+        if without
+        else [
+            *[(0, a.base_offset, a.log_append_time) for a in sent],
+            (0, sent[1].base_offset + 1, sent[1].log_append_time),  # within the second batch
+        ]
+    )
     offsets = offsets_by_value(local_env.bootstrap, topic)
     assert [offsets[f"k{i}".encode()] for i in (0, 2, 3)] == [
         sent[0].base_offset,
@@ -559,40 +577,8 @@ def test_a_batch_resent_after_a_crash_is_answered_with_its_originals_offset_from
         sent[1].base_offset + 1,
     ]
     assert values(local_env.bootstrap, topic) == [f"k{i}".encode() for i in range(5)]
-    assert recoveries(restartable, topic=topic, replayed=5), "from the tail, after the restart"
-
-
-def test_a_batch_resent_after_a_snapshot_covered_it_is_answered_from_the_snapshot(
-    rare_snapshots: RestartableProxy, local_env: EnvInfo
-) -> None:
-    """As above, with a snapshot taken after the writes and before the kill: the
-    restarted proxy's replay starts past them, and the snapshot carries where they are (as
-    one taken at a handoff carries it to the next owner). Before, their re-sends were
-    answered -1, which librdkafka turns into offsets -1, 0, 1, ... for a batch's records:
-    other records' offsets."""
-    restartable = rare_snapshots
-    topic = new_topic(local_env.bootstrap, config={"message.timestamp.type": "LogAppendTime"})
-
-    def send(proxy: ProxyProcess, base: int, count: int) -> Any:
-        keys = [f"k{base + i}".encode() for i in range(count)]
-        return produce_raw(
-            proxy, produce_request(topic, {0: idempotent_batch(keys, 7373, 0, base)})
-        )
-
-    first = restartable.start()
-    sent = [send(first, 0, 2), send(first, 2, 3)]
-    assert [a.error_code for a in sent] == [0, 0]
-    taken = proxy_json(restartable, f"/v1/topics/{topic}/partitions/0/snapshot", "POST")
-    assert taken["producers"] == 1
-    restartable.kill()
-    again = restartable.start()
-    resent = [send(again, 0, 2), send(again, 2, 3), send(again, 3, 2)]
-    assert [(a.error_code, a.base_offset, a.log_append_time) for a in resent] == [
-        *[(0, a.base_offset, a.log_append_time) for a in sent],
-        (0, sent[1].base_offset + 1, sent[1].log_append_time),  # within the second batch
-    ]
-    assert values(local_env.bootstrap, topic) == [f"k{i}".encode() for i in range(5)]
-    assert recoveries(restartable, topic=topic, snapshot_offset=5, replayed=0), "from it alone"
+    start = {"replayed": 5} if snapshot == "before the writes" else {"snapshot_offset": 5}
+    assert recoveries(restartable, topic=topic, **start), "the restart's recovery"
 
 
 # -------------------------------------------------------------------------- a topic created again

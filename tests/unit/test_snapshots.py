@@ -480,3 +480,13 @@ def test_a_snapshot_over_its_byte_bound_keeps_the_most_recently_seen_that_fit() 
     one_more = taken.capped(len(kept) + 1)
     assert len(one_more.encode()) > bound, "as many as fit"
     assert taken.within_bytes(10)[0].producers == {}
+
+
+def test_a_snapshot_over_its_byte_bound_leaves_its_appends_out_first() -> None:
+    producers = {f"p{n}": ProducerEntry(n, last_seen_ms=n) for n in range(20)}
+    appends = {name: (AppendEntry(1, 1, 10, -1),) * APPENDS_PER_PRODUCER for name in producers}
+    carried = snapshot(producers=producers, appends=appends)
+    bare = snapshot(producers=producers)
+    fitted, encoded = carried.within_bytes(len(bare.encode()))
+    assert (fitted, encoded) == (bare, bare.encode()), "every producer kept, no append"
+    assert carried.within_bytes(len(carried.encode()))[0] is carried
