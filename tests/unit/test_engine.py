@@ -790,7 +790,7 @@ async def test_uniform_batches_of_new_records_are_written_without_decoding_a_rec
             assert decoded == []
             await rig.settle()
             answer = await rig.send((P0, records("p", [2, 3])))  # 2 is a duplicate
-            assert answer[P0] == PartitionAnswer(base_offset=-1)
+            assert answer[P0] == PartitionAnswer(base_offset=2), "2 is just before 3"
             assert decoded == [2], "decoded only to drop the duplicate"
             assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
             assert identities(rig.writer.built[P1][0]) == [
@@ -944,13 +944,14 @@ async def test_a_resent_batch_is_dropped_and_answered_with_its_originals_offset(
         assert len(rig.writer.submitted) == 2, "nothing to write: the writer is not called"
         # Within one batch written: its records are at consecutive offsets.
         assert (await rig.send((P0, records("p", [1]))))[P0] == PartitionAnswer(base_offset=1)
-        # Not within one batch written: no offset to give, never a wrong one.
-        assert (await rig.send((P0, records("p", [1, 2]))))[P0] == PartitionAnswer(base_offset=-1)
+        # Across two batches written in a row: from the first one's offsets.
+        assert (await rig.send((P0, records("p", [1, 2]))))[P0] == PartitionAnswer(base_offset=1)
+        # Not a run of sequences: no base offset holds for both.
         assert (await rig.send((P0, records("p", [0, 2]))))[P0] == PartitionAnswer(base_offset=-1)
         assert (await rig.send((P0, records("p", [0, 1, 0]))))[P0] == PartitionAnswer(
             base_offset=-1
         ), "a written batch and more"
-        assert answered() == (original + 3, none + 3)
+        assert answered() == (original + 4, none + 2)
 
 
 async def test_a_batch_written_before_the_partition_was_taken_again_is_answered_from_the_log() -> (
@@ -1006,7 +1007,7 @@ async def test_a_batch_mixing_duplicates_and_new_records_writes_only_the_new() -
         await rig.send((P0, records("p", [0, 1])))
         await rig.settle()
         mixed = await rig.send((P0, records("p", [1, 2, 3])))
-        assert ok(mixed[P0]) and mixed[P0].base_offset == -1, "never a wrong offset"
+        assert ok(mixed[P0]) and mixed[P0].base_offset == 1, "1 is just before 2 and 3"
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
 
 
@@ -1669,7 +1670,7 @@ async def test_with_the_maps_in_memory_no_check_goes_to_redis() -> None:
         rig.state.fail_check = "before"  # were the check in Redis, it would fail
         assert (await rig.send((P0, records("p", [0, 1]))))[P0] == PartitionAnswer(base_offset=0)
         again = await rig.send((P0, records("p", [1, 2])))
-        assert ok(again[P0]) and again[P0].base_offset == -1
+        assert ok(again[P0]) and again[P0].base_offset == 1, "1 is just before 2"
         assert rig.state.now_ms == [], "no check script ran"
         await rig.settle()
         assert rig.state.persisted[P0] == {"p": 2}, "Redis has the acknowledged copy"
@@ -1922,7 +1923,7 @@ async def test_the_topic_id_is_asked_of_the_leader_only_when_records_are_dropped
         assert ok((await rig.send((P0, records("p", [2]))))[P0])
         assert rig.topic_ids.engine_asked() == [], "nothing dropped: nothing asked"
         dup = await rig.send((P0, records("p", [1, 2, 3])))
-        assert dup[P0] == PartitionAnswer(base_offset=-1), "the same topic: dropped as before"
+        assert dup[P0] == PartitionAnswer(base_offset=1), "the same topic: dropped as before"
         assert rig.topic_ids.asked[-1] == (P0[0], BROKER)
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
 
@@ -1956,7 +1957,7 @@ async def test_a_topic_id_that_cannot_be_confirmed_refuses_and_undoes_the_check(
         rig.topic_ids.failure = None
         await rig.settle()
         accepted = await rig.send((P0, records("p", [2, 3])))
-        assert accepted[P0] == PartitionAnswer(base_offset=-1), "3 is new again: pushed undone"
+        assert accepted[P0] == PartitionAnswer(base_offset=2), "3 is new again: pushed undone"
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
         assert rig.recovery.calls == [[P0]], "the state itself was not in doubt"
 
