@@ -52,7 +52,7 @@ def test_reports_taken_from_the_log_are_all_right(order: list[int], data: st.Dat
     """Whatever the order the values landed in, a report that names where each is, or
     nothing, is never counted wrong; moving one report to another record's offset is."""
     where = {value: offset for offset, value in enumerate(order)}
-    unknown = data.draw(st.sets(st.sampled_from(order)))
+    unknown = data.draw(st.sets(st.sampled_from(order), max_size=29))  # one report to move
     reported = offsets(*(-1 if v in unknown else where[v] for v in range(30)))
     acks = bytes([ACK_POSITIVE] * 30)
     assert check_reported_offsets(reported, acks, offsets(*order)) == ReportedOffsets(
