@@ -40,7 +40,12 @@ from deploy.processes import port_open
 from deploy.tls import LocalTls, unsigned_token
 from proxy.kafka.upstream_client import encode_request
 from tests.support.java_clients import client_properties, sent, verifiable_producer
-from tests.support.kafka_io import assert_exactly_once_in_order, read_all, values
+from tests.support.kafka_io import (
+    assert_exactly_once_in_order,
+    offsets_by_value,
+    read_all,
+    values,
+)
 from tests.support.oauth import Issuer, token_endpoint
 from tests.support.ports import (
     CERT_RELOAD,
@@ -461,17 +466,23 @@ def produce_through_a_kill(
     """A steady stream through `proxy`, which is killed with -9 after 100 records are
     acknowledged and a burst more is on its way, and started again as the same instance;
     the producer retries what was in flight, and a second producer re-sends the first 500.
-    The topic, read over Kafka's own TLS listener, holds every record once, in order."""
+    The topic, read over Kafka's own TLS listener, holds every record once, in order, and
+    each delivery report of the first producer names its record's offset. (The re-sends'
+    reports are not checked: a batch older than the producer's latest appends the proxy
+    keeps is answered -1, which librdkafka numbers on from.)"""
     topic = new_topic(env.bootstrap)
     producer = DedupProducer(proxy.bootstrap, "secured-loader", **client_config)
     errors: list[str] = []
     delivered = 0
+    reported: dict[bytes, int] = {}  # the first producer's: offset by value
 
-    def on_delivery(error: object, _message: object) -> None:
+    def on_delivery(error: object, message: Any) -> None:
         nonlocal delivered
         delivered += 1
         if error is not None:
             errors.append(str(error))
+        else:
+            reported[message.value()] = message.offset()
 
     killed = False
     n = 0
@@ -491,6 +502,8 @@ def produce_through_a_kill(
             proxy.start()
     assert killed
     assert producer.flush(120) == 0
+    assert len(reported) == TOTAL
+    first_reports = dict(reported)
     resend = DedupProducer(proxy.bootstrap, "secured-loader", **client_config)
     for n in range(500):
         resend.send(topic, str(n).encode(), sequence_id=n, on_delivery=on_delivery)
@@ -498,6 +511,9 @@ def produce_through_a_kill(
     assert errors == []
     written = [value for value, _ in read_all(env.tls_bootstrap, topic, **kafka_tls(certs))]
     assert_exactly_once_in_order(written, TOTAL)
+    in_log = offsets_by_value(env.tls_bootstrap, topic, **kafka_tls(certs))
+    wrong = [(value, offset) for value, offset in first_reports.items() if offset != in_log[value]]
+    assert wrong == [], (len(wrong), wrong[:5])
     return topic
 
 

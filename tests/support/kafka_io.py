@@ -48,9 +48,12 @@ def read_messages(bootstrap: str, topic: str, partition: int = 0, **config: str)
         consumer.close()
 
 
-def offsets_by_value(bootstrap: str, topic: str) -> dict[bytes, int]:
-    """Each record's offset in the partition, by its value (values unique)."""
-    return {message.value(): message.offset() for message in read_messages(bootstrap, topic)}
+def offsets_by_value(bootstrap: str, topic: str, **config: str) -> dict[bytes, int]:
+    """Each record's offset in the partition, by its value (values unique). ``config``:
+    more consumer settings (security)."""
+    return {
+        message.value(): message.offset() for message in read_messages(bootstrap, topic, **config)
+    }
 
 
 def values(bootstrap: str, topic: str) -> list[bytes]:
