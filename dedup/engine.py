@@ -1008,6 +1008,8 @@ class DedupEngine:
                     log_append_time_ms=result.log_append_time_ms,
                     log_start_offset=result.log_start_offset,
                 )
+                if result.log_start_offset >= 0:
+                    item.state.log_start_offset = result.log_start_offset
                 if item.checked and item.dropped == 0 and result.base_offset >= 0:
                     self._remember_append(item, result)
             else:
@@ -1060,15 +1062,20 @@ class DedupEngine:
     def _duplicate_answer(self, item: _Work) -> PartitionAnswer:
         """A batch dropped whole: answered with the original's offset and append time
         where the partition's latest appends under its current recovery token say, as
-        Kafka's broker answers a duplicate batch; else with offset -1."""
+        Kafka's broker answers a duplicate batch; else with offset -1. The log start
+        offset is the latest Kafka gave this instance for the partition, as in Kafka's
+        answer (-1 before this instance's first write to it)."""
         run = _whole_run(item)
         append = None if run is None else self._recent.find(item.key, *run, item.token)
+        log_start_offset = item.state.log_start_offset
         if append is None:
             metrics.DUPLICATE_NO_OFFSET.inc()
-            return PartitionAnswer()
+            return PartitionAnswer(log_start_offset=log_start_offset)
         metrics.DUPLICATE_ORIGINAL_OFFSET.inc()
         return PartitionAnswer(
-            base_offset=append.base_offset, log_append_time_ms=append.log_append_time_ms
+            base_offset=append.base_offset,
+            log_append_time_ms=append.log_append_time_ms,
+            log_start_offset=log_start_offset,
         )
 
     # ------------------------------------------------------------- 5. settle

@@ -14,10 +14,15 @@ topic's incarnation: while it holds, no one else writes the partition), for the 
   state it replicated.
 - what the snapshot that recovery started from carries: the appends its owner knew below
   its offset (`latest`), so the owner a partition is handed over to answers them too.
-A re-send is answered from an append it lies within, since an append's sequences are at
-consecutive offsets, or from the first of appends that follow each other in the log. One
-that meets none (older than the producer's latest 5) is answered -1, as before. A
-partition Kafka says it does not have forgets its own.
+An append that continues the producer's last one (its sequences and its offsets right
+after, of one log append time) is merged into it: the latest 5 are runs, and a producer
+that nothing else writes between keeps a single run however many batches it sends, so that
+a blind re-send after its restart is answered from it too. Kafka's 5 batches are what its
+producers' retries need; a re-send from the last checkpoint goes back further. A re-send is
+answered from a run it lies within, since a run's sequences are at consecutive offsets, or
+from the first of runs that follow each other in the log. One that meets none (older than
+the producer's latest 5 runs) is answered -1, as before. A partition Kafka says it does
+not have forgets its own.
 """
 
 from __future__ import annotations
@@ -74,6 +79,12 @@ class RecentAppends:
                 # Kafka's wrapped): the earlier appends may no longer say where these
                 # sequences are.
                 appends.clear()
+            elif _continues(last, append):
+                # Right after the last in sequences and in the log: one run of them, so
+                # that a producer no other writes between reaches back further than 5
+                # batches (a blind re-send after a restart goes back further than that).
+                appends[-1] = replace(last, count=last.count + append.count)
+                return
         appends.append(append)
 
     def seed(
@@ -90,50 +101,32 @@ class RecentAppends:
                 self.record(key, producer, Append(first, count, base_offset, appended, token))
 
     def find(self, key: Key, producer: str, first: int, count: int, token: str) -> Append | None:
-        """Where these sequences were written, if they lie within the producer's latest
-        appends made under this recovery token: an append holds its sequences at
-        consecutive offsets, so a part of it is found as well as the whole, and so are
-        sequences across appends that follow each other in the log (the next one's
-        sequences and offsets continuing the previous one's, of one log append time)."""
+        """Where these sequences were written, if they lie within one of the producer's
+        latest runs made under this recovery token: a run holds its sequences at
+        consecutive offsets, so a part of it is found as well as the whole. (Appends that
+        follow each other in the log were merged into one run as they were recorded.)"""
         end = first + count
-        start: Append | None = None  # the append holding `first`, once met
-        for append in self._appends.get((key, producer), ()):
-            if append.token != token:
+        for run in self._appends.get((key, producer), ()):
+            if run.token != token or not run.first <= first < end <= run.first + run.count:
                 continue
-            if start is None:
-                if append.first <= first < append.first + append.count:
-                    start = reached = append
-                else:
-                    continue
-            elif not (
-                append.first == reached.first + reached.count
-                and append.base_offset == reached.base_offset + reached.count
-                and append.log_append_time_ms == reached.log_append_time_ms
-            ):
-                return None  # a gap before `end`: no offset holds for all of them
-            else:
-                reached = append
-            if end <= reached.first + reached.count:
-                if first == start.first and count == start.count:
-                    return start
-                return replace(
-                    start,
-                    first=first,
-                    count=count,
-                    base_offset=start.base_offset + (first - start.first),
-                )
+            if first == run.first and count == run.count:
+                return run
+            return replace(
+                run, first=first, count=count, base_offset=run.base_offset + (first - run.first)
+            )
         return None
 
     def latest(self, key: Key, token: str, below: int) -> dict[str, tuple[Append, ...]]:
-        """Per producer of the partition, its appends made under ``token`` that end below
-        offset ``below``, oldest first: what a snapshot taken at ``below`` carries
-        (`dedup.snapshots`), so that the next owner answers from them too."""
+        """Per producer of the partition, its appends made under ``token`` below offset
+        ``below`` (of a run that goes on past it, the part below), oldest first: what a
+        snapshot taken at ``below`` carries (`dedup.snapshots`), so that the next owner
+        answers from them too."""
         found = {}
         for producer in self._producers.get(key, ()):
             appends = tuple(
-                a
+                a if a.base_offset + a.count <= below else replace(a, count=below - a.base_offset)
                 for a in self._appends[(key, producer)]
-                if a.token == token and a.base_offset + a.count <= below
+                if a.token == token and a.base_offset < below
             )
             if appends:
                 found[producer] = appends
@@ -154,6 +147,17 @@ class RecentAppends:
         producers.discard(producer)
         if not producers:
             del self._producers[key]
+
+
+def _continues(before: Append, after: Append) -> bool:
+    """Whether ``after`` follows ``before`` in the producer's sequences and in the log, of
+    one log append time: so that every sequence of both is at ``before``'s base offset plus
+    its distance from ``before``'s first."""
+    return (
+        after.first == before.first + before.count
+        and after.base_offset == before.base_offset + before.count
+        and after.log_append_time_ms == before.log_append_time_ms
+    )
 
 
 def _latest_offset(runs: Sequence[tuple[int, int, int, int]]) -> int:

@@ -139,9 +139,10 @@ class DedupSettings(BaseSettings):
     recent_append_producers: int = Field(
         default=10_000,
         ge=0,
-        description="(producer, partition) pairs whose latest 5 batches' offsets are kept, "
-        "the latest written first, so a batch sent again and dropped as a duplicate is "
-        "answered with its original's offset and log append time, as Kafka answers one "
+        description="(producer, partition) pairs whose latest 5 runs' offsets are kept "
+        "(a run: batches that follow each other in the log), the latest written first, so "
+        "a batch sent again and dropped as a duplicate is answered with its original's "
+        "offset and log append time, as Kafka answers one "
         "(about 1 KB each); a re-send beyond them is answered offset -1; 0: none kept",
     )
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)

@@ -240,6 +240,37 @@ def test_a_batch_partly_or_wholly_written_before_is_answered_with_its_first_reco
     assert in_log == [(b"p", str(i).encode()) for i in range(6)] + [(b"q", b"0"), (b"p", b"6")]
 
 
+def test_a_duplicate_is_answered_with_the_log_start_offset_of_kafkas_latest_answer(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """Kafka answers a duplicate batch with the log's start offset. The proxy answers one
+    with the start offset of Kafka's latest answer to its writes on the partition: after
+    records were deleted from the log's head (DeleteRecords), the start that write saw."""
+    topic = new_topic(local_env.bootstrap)
+
+    def send(base: int, count: int) -> Any:
+        return produce_raw(
+            dedup_proxy,
+            produce_request(topic, {0: explicit_batch([("p", base + i) for i in range(count)])}),
+        )
+
+    assert [
+        (a.error_code, a.base_offset, a.log_start_offset) for a in (send(0, 2), send(2, 2))
+    ] == [
+        (0, 0, 0),
+        (0, 2, 0),
+    ]
+    admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 3)]).values():
+        future.result(30)
+    resent = send(2, 2)  # before any write saw the new start: the start Kafka gave last
+    assert (resent.error_code, resent.base_offset, resent.log_start_offset) == (0, 2, 0)
+    written = send(4, 1)
+    assert (written.error_code, written.base_offset, written.log_start_offset) == (0, 4, 3)
+    resent = send(2, 3)  # p/2, p/3 and p/4, at offsets 2-4 in a row
+    assert (resent.error_code, resent.base_offset, resent.log_start_offset) == (0, 2, 3)
+
+
 def test_discontinuous_sequence_ids(dedup_proxy: ProxyProcess, local_env: EnvInfo) -> None:
     topic = new_topic(local_env.bootstrap)
     producer = DedupProducer(dedup_proxy.bootstrap, "p-holes", admin_url=dedup_proxy.admin_url)
@@ -261,6 +292,41 @@ def test_restarted_producer_resumes_and_blind_resend_adds_nothing(
     assert second.send(topic, b"v10") == 10  # automatic ids continue after the persisted one
     assert second.flush(60) == 0
     assert values(local_env.bootstrap, topic) == [f"v{i}".encode() for i in range(11)]
+
+
+def test_a_blind_resend_is_reported_at_its_originals_offsets(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """A producer restarted from an old checkpoint sends again far more than the 5 batches
+    Kafka keeps per producer. Its first send wrote them in a row, so each re-sent batch is
+    answered with its original's offset, and every delivery report of the re-send names
+    its record's offset. (A batch answered -1 is numbered from -1 by librdkafka: its
+    records' reports would name other records' offsets.)"""
+    topic = new_topic(local_env.bootstrap)
+    reported: dict[bytes, int | None] = {}
+    errors: list[KafkaError] = []
+
+    def on_delivery(error: KafkaError | None, message: Any) -> None:
+        if error is not None:
+            errors.append(error)
+        reported[message.value()] = message.offset()
+
+    def send(producer: DedupProducer) -> None:
+        for sequence in range(2000):
+            producer.send(
+                topic, f"v{sequence}".encode(), sequence_id=sequence, on_delivery=on_delivery
+            )
+            if sequence % 100 == 99:
+                assert producer.flush(60) == 0  # a batch of 100 at most: 20 or more batches
+
+    send(DedupProducer(dedup_proxy.bootstrap, "p-blind", admin_url=dedup_proxy.admin_url))
+    in_log = offsets_by_value(local_env.bootstrap, topic)
+    assert (errors, reported) == ([], in_log)
+    reported.clear()
+    send(DedupProducer(dedup_proxy.bootstrap, "p-blind", admin_url=dedup_proxy.admin_url))
+    assert offsets_by_value(local_env.bootstrap, topic) == in_log, "nothing written again"
+    wrong = {value: at for value, at in reported.items() if at != in_log[value]}
+    assert (errors, len(reported), wrong) == ([], 2000, {})
 
 
 def test_unkeyed_messages_resent_by_a_restarted_producer_meet_their_first_send(

@@ -468,8 +468,9 @@ def produce_through_a_kill(
     the producer retries what was in flight, and a second producer re-sends the first 500.
     The topic, read over Kafka's own TLS listener, holds every record once, in order, and
     each delivery report of the first producer names its record's offset. (The re-sends'
-    reports are not checked: a batch older than the producer's latest appends the proxy
-    keeps is answered -1, which librdkafka numbers on from.)"""
+    reports are not checked: a re-sent batch that spans the restart's fence marker, an
+    offset between its records, has no base offset that holds for all of them. It is
+    answered -1, which librdkafka numbers on from.)"""
     topic = new_topic(env.bootstrap)
     producer = DedupProducer(proxy.bootstrap, "secured-loader", **client_config)
     errors: list[str] = []

@@ -326,6 +326,7 @@ class FakeWriter:
     withdrawn: list[Key] = field(default_factory=list)
     forgotten: list[Key] = field(default_factory=list)
     unresolved: set[Key] = field(default_factory=set)  # partitions `forget` refuses to drop
+    log_start: dict[Key, int] = field(default_factory=dict)  # answered with a write; else -1
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     # Per partition, the outcomes still to come of the batches in flight, in order.
     in_flight: dict[Key, list[asyncio.Future[WriteResult]]] = field(
@@ -399,7 +400,7 @@ class FakeWriter:
         if written or step.landed:
             self.log[key] += entry.ids or []
         if written:
-            return WriteResult(True, base_offset=base)
+            return WriteResult(True, base_offset=base, log_start_offset=self.log_start.get(key, -1))
         if step.outcome == "unresolved" or step.lost is not None:
             return WriteResult(False, ErrorCode.not_leader_or_follower, unresolved=True)
         return WriteResult(False, step.code, error_message="scripted failure")
@@ -954,6 +955,29 @@ async def test_a_resent_batch_is_dropped_and_answered_with_its_originals_offset(
         assert answered() == (original + 4, none + 2)
 
 
+async def test_a_duplicate_is_answered_with_the_log_start_offset_kafka_gave_last() -> None:
+    """As Kafka's broker answers a duplicate batch: with the log's current start offset,
+    here the one Kafka's latest answer to a write on the partition gave."""
+    async with running() as rig:
+        assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=0)
+        await rig.settle()
+        # Before any answer with a log start offset: -1, as before.
+        assert (await rig.send((P0, records("p", [0]))))[P0] == PartitionAnswer(base_offset=0)
+        rig.writer.log_start[P0] = 1  # retention deleted the first record meanwhile
+        written = await rig.send((P0, records("p", [1, 2])))
+        assert written[P0] == PartitionAnswer(base_offset=1, log_start_offset=1)
+        await rig.settle()
+        resent = [(await rig.send((P0, records("p", s))))[P0] for s in ([1, 2], [0], [0, 2])]
+        assert resent == [
+            PartitionAnswer(base_offset=1, log_start_offset=1),
+            PartitionAnswer(base_offset=0, log_start_offset=1),
+            PartitionAnswer(base_offset=-1, log_start_offset=1),  # not a run: no base
+        ]
+        # Another partition's start is its own.
+        assert (await rig.send((P1, records("p", [0]))))[P1] == PartitionAnswer(base_offset=0)
+        assert (await rig.send((P1, records("p", [0]))))[P1] == PartitionAnswer(base_offset=0)
+
+
 async def test_a_batch_written_before_the_partition_was_taken_again_is_answered_from_the_log() -> (
     None
 ):
@@ -981,25 +1005,40 @@ async def test_a_batch_written_before_the_partition_was_taken_again_is_answered_
 
 
 async def test_a_resent_batch_is_answered_offset_minus_one_beyond_what_is_kept() -> None:
-    """The latest 5 batches of each producer, for the latest producers to write only."""
+    """The latest 5 runs of each producer, for the latest producers to write only."""
     async with running(recent_append_producers=2) as rig:
-        for sequence in range(6):
+        for sequence in range(6):  # p's batches at 0, 2, ... 10, each with r's after it
             await rig.send((P0, records("p", [sequence])))
+            await rig.send((P0, records("r", [sequence])))
         await rig.settle()
         oldest, kept = [(await rig.send((P0, records("p", [s]))))[P0] for s in (0, 1)]
-        assert (oldest, kept) == (PartitionAnswer(), PartitionAnswer(base_offset=1))
-        await rig.send((P0, records("q", [0])))
-        await rig.send((P1, records("p", [0])))  # (p, P0) is the least recent to write
+        assert (oldest, kept) == (PartitionAnswer(), PartitionAnswer(base_offset=2))
+        await rig.send((P0, records("q", [0])))  # at 12; (p, P0) is the least recent to write
+        await rig.send((P1, records("p", [0])))  # ... then (r, P0)
         await rig.settle()
         resent = [
             (await rig.send((key, records(producer, [sequence]))))[key]
-            for key, producer, sequence in [(P0, "p", 5), (P0, "q", 0), (P1, "p", 0)]
+            for key, producer, sequence in [(P0, "p", 5), (P0, "r", 5), (P0, "q", 0), (P1, "p", 0)]
         ]
         assert resent == [
             PartitionAnswer(),
-            PartitionAnswer(base_offset=6),
+            PartitionAnswer(),
+            PartitionAnswer(base_offset=12),
             PartitionAnswer(base_offset=0),
         ]
+
+
+async def test_a_blind_resend_of_batches_written_in_a_row_is_answered_with_their_offsets() -> None:
+    """A producer restarted from its checkpoint sends again more than Kafka's 5 batches.
+    Written with nothing between them, its batches are one run of the log: each re-send is
+    answered with its original's offset, however far back."""
+    async with running() as rig:
+        for base in range(0, 40, 4):  # 10 batches of 4, at offsets 0-39
+            await rig.send((P0, records("p", range(base, base + 4))))
+        await rig.settle()
+        resent = [(await rig.send((P0, records("p", range(b, b + 4)))))[P0] for b in (0, 2, 36)]
+        assert resent == [PartitionAnswer(base_offset=b) for b in (0, 2, 36)]
+        assert len(rig.writer.log[P0]) == 40, "nothing written again"
 
 
 async def test_a_batch_mixing_duplicates_and_new_records_writes_only_the_new() -> None:

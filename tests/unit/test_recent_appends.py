@@ -16,18 +16,42 @@ def append(first: int, count: int = 1, token: str = HELD) -> Append:
     return Append(first, count, base_offset=100 + first, log_append_time_ms=-1, token=token)
 
 
-def test_a_batch_is_found_within_one_of_the_latest_five() -> None:
+def apart(first: int, count: int = 1) -> Append:
+    """An append with other records before it in the log: it continues no earlier one."""
+    return Append(first, count, base_offset=100 + 10 * first, log_append_time_ms=-1, token=HELD)
+
+
+def test_a_batch_is_found_within_one_of_the_latest_five_runs() -> None:
     recent = RecentAppends(10)
     for first in range(0, 2 * (BATCHES_PER_PRODUCER + 1), 2):
-        recent.record(P0, "p", append(first, 2))
+        recent.record(P0, "p", apart(first, 2))
     assert recent.find(P0, "p", 0, 2, HELD) is None, "older than the producer's latest 5"
-    assert recent.find(P0, "p", 2, 2, HELD) == append(2, 2)
+    assert recent.find(P0, "p", 2, 2, HELD) == apart(2, 2)
     # A part of one: its sequences are at consecutive offsets from the append's.
-    assert recent.find(P0, "p", 3, 1, HELD) == append(3, 1)
-    # Across two appends that follow each other in the log: the first one's offset holds.
-    assert recent.find(P0, "p", 3, 2, HELD) == append(3, 2)
+    assert recent.find(P0, "p", 3, 1, HELD) == Append(3, 1, 121, -1, HELD)
+    assert recent.find(P0, "p", 3, 2, HELD) is None, "across two with records between"
     assert recent.find(P0, "p", 10, 3, HELD) is None, "beyond the last"
     assert recent.find(P1, "p", 2, 2, HELD) is None and recent.find(P0, "q", 2, 2, HELD) is None
+
+
+def test_appends_that_follow_each_other_in_the_log_are_one_run() -> None:
+    """A producer nothing else writes between: its batches are one run of sequences at
+    consecutive offsets, found however many batches back (a blind re-send after its
+    restart), until 5 runs more come after it."""
+    recent = RecentAppends(10)
+    for first in range(0, 200, 2):  # 100 batches at offsets 100-299
+        recent.record(P0, "p", append(first, 2))
+    assert recent.find(P0, "p", 0, 2, HELD) == append(0, 2), "the first of 100 batches"
+    assert recent.find(P0, "p", 1, 198, HELD) == append(1, 198)
+    assert recent.find(P0, "p", 199, 2, HELD) is None, "beyond the last"
+    # Another log append time: Kafka appended it apart, so not one batch's time.
+    recent.record(P0, "p", Append(200, 1, 300, log_append_time_ms=7, token=HELD))
+    assert recent.find(P0, "p", 199, 2, HELD) is None
+    for first in range(201, 204):  # three runs more, each after other records
+        recent.record(P0, "p", apart(first))
+    assert recent.find(P0, "p", 0, 2, HELD) == append(0, 2), "the run is one of the latest 5"
+    recent.record(P0, "p", apart(204))
+    assert recent.find(P0, "p", 0, 2, HELD) is None, "older than the latest 5 runs"
 
 
 def test_sequences_written_again_are_found_only_where_they_were_written_last() -> None:
@@ -121,14 +145,17 @@ def test_a_recovery_seeds_the_newest_runs_last_so_the_bound_keeps_them() -> None
     assert recent.find(P0, "new", 0, 1, HELD) is not None
 
 
-def test_a_snapshot_takes_the_appends_of_its_hold_that_end_below_its_offset() -> None:
+def test_a_snapshot_takes_the_appends_of_its_hold_below_its_offset() -> None:
     recent = RecentAppends(10)
-    recent.record(P0, "p", append(0, 2))  # offsets 100, 101
-    recent.record(P0, "p", append(2, 3))  # 102..104
+    recent.record(P0, "p", apart(0, 2))  # offsets 100, 101
+    recent.record(P0, "p", apart(2, 3))  # 120..122
     recent.record(P0, "q", append(0, 1, token="inst-1.1"))  # an earlier hold's
     recent.record(P1, "p", append(0, 1))
-    assert recent.latest(P0, HELD, 105) == {"p": (append(0, 2), append(2, 3))}
-    assert recent.latest(P0, HELD, 104) == {"p": (append(0, 2),)}, "one past the offset"
+    assert recent.latest(P0, HELD, 123) == {"p": (apart(0, 2), apart(2, 3))}
+    assert recent.latest(P0, HELD, 122) == {"p": (apart(0, 2), Append(2, 2, 120, -1, HELD))}, (
+        "of a run that goes on past the offset, the part below"
+    )
+    assert recent.latest(P0, HELD, 120) == {"p": (apart(0, 2),)}
     assert recent.latest(P0, HELD, 100) == {}
     assert recent.latest(("other", 0), HELD, 1000) == {}
 
