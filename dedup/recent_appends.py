@@ -19,9 +19,9 @@ after, of one log append time) is merged into it: the latest 5 are runs, and a p
 that nothing else writes between keeps a single run however many batches it sends, so that
 a blind re-send after its restart is answered from it too. Kafka's 5 batches are what its
 producers' retries need; a re-send from the last checkpoint goes back further. A re-send is
-answered from a run it lies within, since a run's sequences are at consecutive offsets, or
-from the first of runs that follow each other in the log. One that meets none (older than
-the producer's latest 5 runs) is answered -1, as before. A partition Kafka says it does
+answered from a run it lies within, since a run's sequences are at consecutive offsets. One
+that lies within none (older than the producer's latest 5 runs, or across a gap in the
+log such as a fence's marker) is answered -1, as before. A partition Kafka says it does
 not have forgets its own.
 """
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from dedup import metrics
 from dedup.partitions import Key
@@ -49,11 +49,38 @@ class Append:
     token: str  # the partition's recovery token it was written under
 
 
+@dataclass(slots=True)
+class _Run:
+    """An `Append` as kept: one that grows in place as its producer's next appends
+    continue it (a frozen `Append` built anew each write cost twice the whole record)."""
+
+    first: int
+    count: int
+    base_offset: int
+    log_append_time_ms: int
+    token: str
+
+    def continued_by(self, append: Append) -> bool:
+        """Whether ``append`` follows this run in the producer's sequences and in the log,
+        of one log append time: every sequence of both is then at this run's base offset
+        plus its distance from this run's first."""
+        return (
+            append.first == self.first + self.count
+            and append.base_offset == self.base_offset + self.count
+            and append.log_append_time_ms == self.log_append_time_ms
+        )
+
+    def part(self, first: int, count: int) -> Append:
+        """Sequences ``first`` .. ``first + count - 1`` of this run, where they are."""
+        offset = self.base_offset + (first - self.first)
+        return Append(first, count, offset, self.log_append_time_ms, self.token)
+
+
 class RecentAppends:
     def __init__(self, max_producer_partitions: int) -> None:
         self._max = max_producer_partitions
-        # Per partition and producer, its latest appends; the least recently written first.
-        self._appends: OrderedDict[tuple[Key, str], deque[Append]] = OrderedDict()
+        # Per partition and producer, its latest runs; the least recently written first.
+        self._appends: OrderedDict[tuple[Key, str], deque[_Run]] = OrderedDict()
         self._producers: dict[Key, set[str]] = {}  # to forget a partition without a scan
 
     def __len__(self) -> int:
@@ -79,13 +106,21 @@ class RecentAppends:
                 # Kafka's wrapped): the earlier appends may no longer say where these
                 # sequences are.
                 appends.clear()
-            elif _continues(last, append):
+            elif last.continued_by(append):
                 # Right after the last in sequences and in the log: one run of them, so
                 # that a producer no other writes between reaches back further than 5
                 # batches (a blind re-send after a restart goes back further than that).
-                appends[-1] = replace(last, count=last.count + append.count)
+                last.count += append.count
                 return
-        appends.append(append)
+        appends.append(
+            _Run(
+                append.first,
+                append.count,
+                append.base_offset,
+                append.log_append_time_ms,
+                append.token,
+            )
+        )
 
     def seed(
         self, key: Key, runs: Mapping[str, Sequence[tuple[int, int, int, int]]], token: str
@@ -107,13 +142,8 @@ class RecentAppends:
         follow each other in the log were merged into one run as they were recorded.)"""
         end = first + count
         for run in self._appends.get((key, producer), ()):
-            if run.token != token or not run.first <= first < end <= run.first + run.count:
-                continue
-            if first == run.first and count == run.count:
-                return run
-            return replace(
-                run, first=first, count=count, base_offset=run.base_offset + (first - run.first)
-            )
+            if run.token == token and run.first <= first < end <= run.first + run.count:
+                return run.part(first, count)
         return None
 
     def latest(self, key: Key, token: str, below: int) -> dict[str, tuple[Append, ...]]:
@@ -124,9 +154,9 @@ class RecentAppends:
         found = {}
         for producer in self._producers.get(key, ()):
             appends = tuple(
-                a if a.base_offset + a.count <= below else replace(a, count=below - a.base_offset)
-                for a in self._appends[(key, producer)]
-                if a.token == token and a.base_offset < below
+                run.part(run.first, min(run.count, below - run.base_offset))
+                for run in self._appends[(key, producer)]
+                if run.token == token and run.base_offset < below
             )
             if appends:
                 found[producer] = appends
@@ -147,17 +177,6 @@ class RecentAppends:
         producers.discard(producer)
         if not producers:
             del self._producers[key]
-
-
-def _continues(before: Append, after: Append) -> bool:
-    """Whether ``after`` follows ``before`` in the producer's sequences and in the log, of
-    one log append time: so that every sequence of both is at ``before``'s base offset plus
-    its distance from ``before``'s first."""
-    return (
-        after.first == before.first + before.count
-        and after.base_offset == before.base_offset + before.count
-        and after.log_append_time_ms == before.log_append_time_ms
-    )
 
 
 def _latest_offset(runs: Sequence[tuple[int, int, int, int]]) -> int:

@@ -5,9 +5,11 @@ producer's delivery report gives (`RecordMetadata.offset()`, librdkafka's
 `rd_kafka_message_t.offset`): stored as a position, logged, handed on. A report is
 
 - right: the record at the offset it names carries its value;
-- unknown: it names no offset (a negative one: Kafka's -1, librdkafka's -1001), as a
-  client reports a batch its broker answered DUPLICATE_SEQUENCE_NUMBER (a duplicate, with
-  no offset), and as the proxy answers a re-send whose original it cannot place;
+- unknown: it names no offset (a negative one: Kafka's -1, librdkafka's -1001). Kafka's
+  Java client reports -1 for every record of a batch answered without an offset: a
+  duplicate whose batch its broker no longer holds (DUPLICATE_SEQUENCE_NUMBER), or a
+  re-send the proxy cannot place (offset -1). librdkafka reports -1 for such a batch's
+  first record only and numbers the others on from it: wrong reports;
 - wrong: the offset it names holds another value, or no record at all. A proxy must
   never do that; no client can tell it from a right one.
 """
