@@ -37,10 +37,15 @@ from dedup.partitions import Key
 BATCHES_PER_PRODUCER = 5  # Kafka's: at most 5 requests of an idempotent producer in flight
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Append:
     """One batch as written, or a run of them as read from the log: the producer's
-    sequences ``first`` .. ``first + count - 1``, at offsets from ``base_offset`` on."""
+    sequences ``first`` .. ``first + count - 1``, at offsets from ``base_offset`` on.
+
+    `RecentAppends.record` keeps the one it is given and grows it in place as the
+    producer's next appends continue it (a frozen one built anew at each write doubled
+    the cost of recording it), so its callers build a fresh one per write and keep none;
+    what it answers (`RecentAppends.find`, `RecentAppends.latest`) is built anew."""
 
     first: int
     count: int
@@ -48,22 +53,10 @@ class Append:
     log_append_time_ms: int  # -1 for a topic with create-time timestamps
     token: str  # the partition's recovery token it was written under
 
-
-@dataclass(slots=True)
-class _Run:
-    """An `Append` as kept: one that grows in place as its producer's next appends
-    continue it (a frozen `Append` built anew each write cost twice the whole record)."""
-
-    first: int
-    count: int
-    base_offset: int
-    log_append_time_ms: int
-    token: str
-
     def continued_by(self, append: Append) -> bool:
-        """Whether ``append`` follows this run in the producer's sequences and in the log,
-        of one log append time: every sequence of both is then at this run's base offset
-        plus its distance from this run's first."""
+        """Whether ``append`` follows this one in the producer's sequences and in the log,
+        of one log append time: every sequence of both is then at this one's base offset
+        plus its distance from this one's first."""
         return (
             append.first == self.first + self.count
             and append.base_offset == self.base_offset + self.count
@@ -71,7 +64,7 @@ class _Run:
         )
 
     def part(self, first: int, count: int) -> Append:
-        """Sequences ``first`` .. ``first + count - 1`` of this run, where they are."""
+        """Sequences ``first`` .. ``first + count - 1`` of this one, where they are."""
         offset = self.base_offset + (first - self.first)
         return Append(first, count, offset, self.log_append_time_ms, self.token)
 
@@ -80,7 +73,7 @@ class RecentAppends:
     def __init__(self, max_producer_partitions: int) -> None:
         self._max = max_producer_partitions
         # Per partition and producer, its latest runs; the least recently written first.
-        self._appends: OrderedDict[tuple[Key, str], deque[_Run]] = OrderedDict()
+        self._appends: OrderedDict[tuple[Key, str], deque[Append]] = OrderedDict()
         self._producers: dict[Key, set[str]] = {}  # to forget a partition without a scan
 
     def __len__(self) -> int:
@@ -112,15 +105,7 @@ class RecentAppends:
                 # batches (a blind re-send after a restart goes back further than that).
                 last.count += append.count
                 return
-        appends.append(
-            _Run(
-                append.first,
-                append.count,
-                append.base_offset,
-                append.log_append_time_ms,
-                append.token,
-            )
-        )
+        appends.append(append)
 
     def seed(
         self, key: Key, runs: Mapping[str, Sequence[tuple[int, int, int, int]]], token: str
