@@ -1010,7 +1010,7 @@ class DedupEngine:
                 )
                 if result.log_start_offset >= 0:
                     item.state.log_start_offset = result.log_start_offset
-                if item.checked and item.dropped == 0 and result.base_offset >= 0:
+                if item.checked and result.base_offset >= 0:
                     self._remember_append(item, result)
             else:
                 if item.checked:
@@ -1036,10 +1036,23 @@ class DedupEngine:
         return self._recent.latest(key, token, below)
 
     def _remember_append(self, item: _Work, result: WriteResult) -> None:
-        if (run := _whole_run(item)) is not None:
-            producer, first, count = run
-            append = Append(first, count, result.base_offset, result.log_append_time_ms, item.token)
-            self._recent.record(item.key, producer, append)
+        """Where a batch of one producer's sequences in a row went. Of a batch whose first
+        records were dropped as duplicates, the part written (in a row, at the result's
+        offset): it continues the run where the dropped ones are, if that ends just
+        before, so that a re-send of the whole batch is answered from the run too."""
+        run = _whole_run(item)
+        dropped = _dropped_first(item)
+        if run is None or dropped is None:
+            return
+        producer, first, count = run
+        written = Append(
+            first + dropped,
+            count - dropped,
+            result.base_offset,
+            result.log_append_time_ms,
+            item.token,
+        )
+        self._recent.record(item.key, producer, written)
 
     def _base_before_dropped(self, item: _Work, written_at: int) -> int:
         """A batch whose first records were dropped as duplicates and the rest written at
@@ -1049,9 +1062,8 @@ class DedupEngine:
         numbers a batch's records from its base offset (librdkafka even from -1: -1, 0,
         1, ...), so -1 is the answer only where no base is right."""
         run = _whole_run(item)
-        keep = item.keep[0] if len(item.keep) == 1 else []
-        dropped = item.dropped
-        if run is None or written_at < 0 or any(keep[:dropped]) or not all(keep[dropped:]):
+        dropped = _dropped_first(item)
+        if run is None or not dropped or written_at < 0:
             return -1
         producer, first, _ = run
         found = self._recent.find(item.key, producer, first, dropped, item.token)
@@ -1063,8 +1075,9 @@ class DedupEngine:
         """A batch dropped whole: answered with the original's offset and append time
         where the partition's latest appends under its current recovery token say, as
         Kafka's broker answers a duplicate batch; else with offset -1. The log start
-        offset is the latest Kafka gave this instance for the partition, as in Kafka's
-        answer (-1 before this instance's first write to it)."""
+        offset is the latest this instance knows of the partition (read by the recovery
+        that opened it here, or given by Kafka's latest answer to a write since), as in
+        Kafka's answer."""
         run = _whole_run(item)
         append = None if run is None else self._recent.find(item.key, *run, item.token)
         log_start_offset = item.state.log_start_offset
@@ -1375,6 +1388,20 @@ def _whole_run(item: _Work) -> tuple[str, int, int] | None:
         return None
     producer, first, _, count = runs[0]
     return producer, first, count
+
+
+def _dropped_first(item: _Work) -> int | None:
+    """How many records the check dropped from the front of the partition's one batch,
+    where it dropped none after a record it kept (the written ones then lie in a row at
+    the write's offset, the batch's last sequences); else None."""
+    if item.dropped == 0:
+        return 0
+    if len(item.keep) != 1:
+        return None
+    keep, dropped = item.keep[0], item.dropped
+    if any(keep[:dropped]) or not all(keep[dropped:]):
+        return None
+    return dropped
 
 
 def _builder(

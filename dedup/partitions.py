@@ -137,8 +137,9 @@ class PartitionState:
     gaps: SequenceGaps = field(default_factory=SequenceGaps)
     # Implicit sequences past Kafka's wrap: the producers near or past it (seeded by recovery)
     wraps: Wraps = field(default_factory=Wraps)
-    # Kafka's log start offset as its latest answer to a write here gave it (-1: none yet).
-    # A batch dropped whole is answered with it, as Kafka answers a duplicate.
+    # Kafka's log start offset as the recovery that opened the partition here read it, or
+    # a later answer to a write here gave it (-1: neither yet). A batch dropped whole is
+    # answered with it, as Kafka answers a duplicate.
     log_start_offset: int = -1
 
     snapshot_generation: int = 0  # of the next snapshot

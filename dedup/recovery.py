@@ -76,6 +76,9 @@ class RecoveredPartition:
     # Per producer loaded, its latest runs in the replayed tail (`ReplayResult.runs`): where
     # the records of a batch it sends again are, if it lies within one
     runs: Mapping[str, Sequence[tuple[int, int, int, int]]] = field(default_factory=dict)
+    # Kafka's log start offset as read with `end` (-1: unknown): a duplicate is answered
+    # with it until a write here gets a newer one
+    log_start: int = -1
 
 
 class NotOwner(Exception):
@@ -167,9 +170,9 @@ class Recovery:
             return {}, failed
         stored = await self._store.read(mine)
         if unknown:
-            ends = await asyncio.to_thread(self._high_watermarks, unknown)
+            marks = await asyncio.to_thread(self._watermarks, unknown)
             for key in unknown:
-                if ends[key] == 0 and not stored[key].valid and not stored[key].corrupt:
+                if marks[key][1] == 0 and not stored[key].valid and not stored[key].corrupt:
                     metrics.LEASES.labels("acquired_new").inc()
                     seen.add(key)
                     continue  # a log no one wrote: nothing to fence, offsets stay Kafka's
@@ -179,10 +182,10 @@ class Recovery:
                 )
                 metrics.LEASES.labels("taken_over").inc()
         await self._fence(suspects)
-        ends = await asyncio.to_thread(self._high_watermarks, mine)
+        marks = await asyncio.to_thread(self._watermarks, mine)
         outcomes = await asyncio.gather(
             *(
-                self._recover(key, ends[key], stored[key], started, leases[key], ids[key[0]])
+                self._recover(key, marks[key], stored[key], started, leases[key], ids[key[0]])
                 for key in mine
             ),
             return_exceptions=True,
@@ -231,13 +234,14 @@ class Recovery:
     async def _recover(
         self,
         key: _Key,
-        end: int,
+        marks: tuple[int, int],
         stored: StoredSnapshots,
         started: float,
         lease: Lease,
         topic_id: str | None,
     ) -> RecoveredPartition:
         topic, partition = key
+        log_start, end = marks
         for problem in stored.corrupt:
             metrics.CORRUPT_SNAPSHOTS.inc()
             log.warning(
@@ -273,6 +277,7 @@ class Recovery:
                 wanted=start,
                 log_start=replayed.start,
             )
+            log_start = max(log_start, replayed.start)  # the start moved since it was read
         producers, chunks = self._merge(snapshot, replayed)
         token = recovery_token(f"{lease.owner}.{lease.epoch}", topic_id)
         loaded = await self._state.load_recovered(
@@ -313,6 +318,7 @@ class Recovery:
             view,
             topic_id,
             runs=latest_runs(snapshot, replayed.runs, producers.keys()),
+            log_start=log_start,
         )
 
     def _choose(
@@ -385,7 +391,8 @@ class Recovery:
             chunks = {p: v for p, v in chunks.items() if p in kept}
         return merged, chunks
 
-    def _high_watermarks(self, partitions: Sequence[_Key]) -> dict[_Key, int]:
+    def _watermarks(self, partitions: Sequence[_Key]) -> dict[_Key, tuple[int, int]]:
+        """Each partition's log start offset and high watermark (its end)."""
         consumer = Consumer(
             {
                 "bootstrap.servers": self._bootstrap,
@@ -402,7 +409,7 @@ class Recovery:
             return {
                 (topic, partition): consumer.get_watermark_offsets(
                     TopicPartition(topic, partition), timeout=30
-                )[1]
+                )
                 for topic, partition in partitions
             }
         finally:

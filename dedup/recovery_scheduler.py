@@ -247,6 +247,7 @@ class RecoveryScheduler:
         state = self.partitions.of(key)
         state.token = result.token
         state.topic_id = result.topic_id
+        state.log_start_offset = result.log_start  # until a write here gets a newer one
         state.wraps.seed(result.state.producers)
         if result.unseen_writes:
             # What was refused here before the lease (`DedupEngine._gaps_of`) may have been

@@ -230,6 +230,8 @@ def test_a_batch_partly_or_wholly_written_before_is_answered_with_its_first_reco
     assert (across.error_code, across.base_offset) == (0, 1)
     partly = send("p", 2, 4)  # p/2, p/3 written before; p/4, p/5 written now at 4-5
     assert (partly.error_code, partly.base_offset) == (0, 2)
+    whole = send("p", 0, 6)  # p/0-p/5 sent again: the part written just now is in the run
+    assert (whole.error_code, whole.base_offset) == (0, 0)
     assert send("q", 0, 1).base_offset == 6
     apart = send("p", 5, 2)  # p/5 at 5; p/6 written now at 7, after q/0
     assert (apart.error_code, apart.base_offset) == (0, -1), "no base is right for both"
@@ -244,8 +246,9 @@ def test_a_duplicate_is_answered_with_the_log_start_offset_of_kafkas_latest_answ
     dedup_proxy: ProxyProcess, local_env: EnvInfo
 ) -> None:
     """Kafka answers a duplicate batch with the log's start offset. The proxy answers one
-    with the start offset of Kafka's latest answer to its writes on the partition: after
-    records were deleted from the log's head (DeleteRecords), the start that write saw."""
+    with the start offset of Kafka's latest answer to its writes on the partition, or the
+    one its latest recovery of the partition read: after records were deleted from the
+    log's head (DeleteRecords), the start that write or that recovery saw."""
     topic = new_topic(local_env.bootstrap)
 
     def send(base: int, count: int) -> Any:
@@ -269,6 +272,12 @@ def test_a_duplicate_is_answered_with_the_log_start_offset_of_kafkas_latest_answ
     assert (written.error_code, written.base_offset, written.log_start_offset) == (0, 4, 3)
     resent = send(2, 3)  # p/2, p/3 and p/4, at offsets 2-4 in a row
     assert (resent.error_code, resent.base_offset, resent.log_start_offset) == (0, 2, 3)
+    # A recovery (as when the partition is taken again) reads the start with the end.
+    for future in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
+        future.result(30)
+    admin_call(dedup_proxy, "POST", f"/v1/topics/{topic}/partitions/0/recover")
+    resent = send(4, 1)  # p/4 at 4, as the recovery read it in the log's tail
+    assert (resent.error_code, resent.base_offset, resent.log_start_offset) == (0, 4, 4)
 
 
 def test_discontinuous_sequence_ids(dedup_proxy: ProxyProcess, local_env: EnvInfo) -> None:

@@ -526,6 +526,7 @@ class FakeRecovery:
                 topic_id,
                 unseen_writes=bool(end) or key in self.written_elsewhere,
                 runs=self.runs.get(key, {}),
+                log_start=self.writer.log_start.get(key, -1),
             )
         return recovered, failed
 
@@ -978,6 +979,22 @@ async def test_a_duplicate_is_answered_with_the_log_start_offset_kafka_gave_last
         assert (await rig.send((P1, records("p", [0]))))[P1] == PartitionAnswer(base_offset=0)
 
 
+async def test_a_duplicate_after_a_recovery_carries_the_log_start_offset_it_read() -> None:
+    """Records deleted from the log's head are seen by the next write, or by the recovery
+    of the partition when it is taken again (with the log's end): a duplicate answered
+    after either carries the log start offset it read."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0, 1])))
+        await rig.settle()
+        rig.writer.log_start[P0] = 1  # DeleteRecords meanwhile
+        before = (await rig.send((P0, records("p", [0, 1]))))[P0]
+        assert before == PartitionAnswer(base_offset=0), "no write or recovery saw it yet"
+        rig.scheduler.forget(P0)  # the lease lost, then taken again
+        rig.recovery.runs[P0] = {"p": [(0, 2, 0, -1)]}
+        after = (await rig.send((P0, records("p", [0, 1]))))[P0]
+        assert after == PartitionAnswer(base_offset=0, log_start_offset=1)
+
+
 async def test_a_batch_written_before_the_partition_was_taken_again_is_answered_from_the_log() -> (
     None
 ):
@@ -1048,6 +1065,31 @@ async def test_a_batch_mixing_duplicates_and_new_records_writes_only_the_new() -
         mixed = await rig.send((P0, records("p", [1, 2, 3])))
         assert ok(mixed[P0]) and mixed[P0].base_offset == 1, "1 is just before 2 and 3"
         assert rig.writer.log[P0] == in_order("p", [0, 1, 2, 3])
+
+
+async def test_the_written_part_of_a_batch_with_duplicates_is_remembered_where_it_went() -> None:
+    """A batch whose first records were duplicates and the rest written: the rest is where
+    a later re-send finds it, and where it follows its dropped ones in the log, one run
+    with them, so that a re-send of the whole batch is answered with its first offset."""
+    async with running() as rig:
+        await rig.send((P0, records("p", [0, 1])))  # at 0-1
+        await rig.send((P0, records("p", [1, 2, 3])))  # 2-3 at 2-3, right after 1
+        await rig.send((P0, records("q", [0])))  # at 4
+        await rig.send((P0, records("p", [3, 4, 5])))  # 4-5 at 5-6, q's record between
+        await rig.settle()
+        resent = [
+            (await rig.send((P0, records("p", s))))[P0]
+            for s in ([0, 1, 2, 3], [2, 3], [4, 5], [5], [3, 4])
+        ]
+        assert resent == [
+            PartitionAnswer(base_offset=0),
+            PartitionAnswer(base_offset=2),
+            PartitionAnswer(base_offset=5),
+            PartitionAnswer(base_offset=6),
+            PartitionAnswer(base_offset=-1),  # 3 at 3, 4 at 5: no base is right
+        ]
+        log = [*in_order("p", [0, 1, 2, 3]), ("q", 0), *in_order("p", [4, 5])]
+        assert rig.writer.log[P0] == log
 
 
 async def test_a_resend_right_after_the_ack_is_a_duplicate_not_a_retry() -> None:
