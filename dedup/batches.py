@@ -326,6 +326,23 @@ class IncomingBatch:
     run: BatchRun | None = field(default=None, compare=False)
 
 
+def records_declared(data: bytes | memoryview) -> int | None:
+    """How many records the batches of a partition's records say they hold (each header's
+    count, summed), without reading a record; None where the bytes are not whole batches
+    of magic 2. For an answer (`dedup.produce_filter`), on bytes the engine read already."""
+    total, pos, end = 0, 0, len(data)
+    while pos < end:
+        if end - pos < HEADER_SIZE or data[pos + _MAGIC_OFFSET] != 2:
+            return None
+        (length,) = struct.unpack_from(">i", data, pos + 8)
+        (count,) = struct.unpack_from(">i", data, pos + _RECORD_COUNT_OFFSET)
+        if length < HEADER_SIZE - _LOG_OVERHEAD or count < 0:
+            return None
+        total += count
+        pos += _LOG_OVERHEAD + length
+    return total if pos == end else None
+
+
 def kafka_sequenced(batch: IncomingBatch) -> bool:
     """The batch carries Kafka's own sequences: an idempotent producer's, outside a
     transaction, and not a control batch."""

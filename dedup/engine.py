@@ -30,8 +30,9 @@ For one client Produce request:
    answers a duplicate batch, with the offset the original got where the partition's
    latest appends say (`dedup.recent_appends`: written here, read by the recovery, or
    carried by its snapshot), one partly dropped with its first record's offset where its
-   records are in a row in the log; else -1, which librdkafka numbers the batch's records
-   from (-1, 0, 1, ...): only where no base offset is right. An unexpected
+   records are in a row in the log; else -1, only where no base offset is right (a client
+   built on librdkafka, which numbers a batch's reports from the base, is answered minus
+   the record count instead: `dedup.produce_filter`). An unexpected
    failure is answered too: retriable, and the partition is left accepting the retry
    (reset, or recovered when a write's fate is lost).
 
@@ -1059,8 +1060,9 @@ class DedupEngine:
         `written_at`: its first record's offset, when the dropped ones are in the log just
         before the written ones (where this instance's latest append of them ended), so
         that every record's offset follows from it as from any answer; else -1. A client
-        numbers a batch's records from its base offset (librdkafka even from -1: -1, 0,
-        1, ...), so -1 is the answer only where no base is right."""
+        numbers a batch's records from its base offset, so -1 is the answer only where no
+        base is right (librdkafka numbers from -1 too: `dedup.produce_filter` answers its
+        clients below zero)."""
         run = _whole_run(item)
         dropped = _dropped_first(item)
         if run is None or not dropped or written_at < 0:

@@ -13,6 +13,7 @@ import asyncio
 import datetime
 import functools
 import sys
+from dataclasses import replace
 from typing import Any, cast
 
 import structlog
@@ -20,7 +21,7 @@ from kio.schema.types import BrokerId
 from kio.static.primitive import i32, i64
 from kio.static.protocol import ResponsePayload
 
-from dedup.batches import copy_of
+from dedup.batches import copy_of, records_declared
 from dedup.engine import Admission, DedupEngine, PartitionAnswer
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.error_codes import error_code
@@ -29,6 +30,7 @@ from proxy.kafka.produce_decoder import decode_produce_request
 from proxy.kafka.schemas import response_header_is_flexible, response_type
 from proxy.kafka.topology import Endpoint
 from proxy.runtime.chain import (
+    ClientSoftware,
     EncodedResponse,
     FilterContext,
     Forward,
@@ -65,7 +67,9 @@ class DedupProduceFilter:
         # The write runs to its end even if the client goes away (its connection's tasks are
         # cancelled): the writer's sequences and the dedup state must not stop half-way.
         task = asyncio.create_task(
-            self._answer(frame.header.api_version, request, admission, context.upstream)
+            self._answer(
+                frame.header.api_version, request, admission, context.upstream, context.software
+            )
         )
         self._running.add(task)
         # The connection waits on its own future, which the task's end settles (what
@@ -92,15 +96,52 @@ class DedupProduceFilter:
             answer.set_result(task.result())
 
     async def _answer(
-        self, version: int, request: Any, admission: Admission, broker: Endpoint
+        self,
+        version: int,
+        request: Any,
+        admission: Admission,
+        broker: Endpoint,
+        software: ClientSoftware,
     ) -> LocalAnswer:
         answers = await self._engine.produce(request, admission, broker)
+        if numbers_reports_from_base(software):
+            answers = numbered_below_zero(answers, request)
         return produce_answer(version, answers, request)
 
     async def drain(self) -> None:
         """Wait for every write already taken (graceful shutdown)."""
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
+
+
+def numbers_reports_from_base(software: ClientSoftware) -> bool:
+    """Whether the client numbers a batch's delivery reports from the answer's base offset,
+    whatever it is: librdkafka does (base, base + 1, ... for the batch's records, from -1
+    too), and so does every client built on it (confluent-kafka for Python, Go and .NET,
+    whose versions name it: "2.6.1-rdkafka-2.6.1"). Kafka's Java client and kafka-python
+    report -1 for every record of a batch answered -1."""
+    return "rdkafka" in software.name or "rdkafka" in software.version
+
+
+def numbered_below_zero(
+    answers: dict[tuple[str, int], PartitionAnswer], request: Any
+) -> dict[tuple[str, int], PartitionAnswer]:
+    """The answers for a client that numbers its reports from the base offset: a batch
+    written or dropped with no base offset right for all its records (-1) is answered
+    with minus its record count, so that every record's report names a negative offset,
+    none, as the Java client reports -1 for each. From -1, the records after the first
+    would be reported at offsets 0, 1, 2 ...: other records'."""
+    numbered = dict(answers)
+    for topic in request.topic_data:
+        for part in topic.partition_data:
+            key = (str(topic.name), int(part.index))
+            answer = numbered[key]
+            if answer.error_code or answer.base_offset != -1 or part.records is None:
+                continue
+            count = records_declared(part.records)
+            if count is not None and count > 1:
+                numbered[key] = replace(answer, base_offset=-count)
+    return numbered
 
 
 async def _decoded(frame: RequestFrame) -> Any:

@@ -8,8 +8,9 @@ producer's delivery report gives (`RecordMetadata.offset()`, librdkafka's
 - unknown: it names no offset (a negative one: Kafka's -1, librdkafka's -1001). Kafka's
   Java client reports -1 for every record of a batch answered without an offset: a
   duplicate whose batch its broker no longer holds (DUPLICATE_SEQUENCE_NUMBER), or a
-  re-send the proxy cannot place (offset -1). librdkafka reports -1 for such a batch's
-  first record only and numbers the others on from it: wrong reports;
+  re-send the proxy cannot place (offset -1). librdkafka numbers a batch's records from
+  the answer's base offset, -1 too (-1, 0, 1, ...: wrong reports), so the proxy answers
+  its clients such a batch at minus its record count: each record below zero, unknown;
 - wrong: the offset it names holds another value, or no record at all. A proxy must
   never do that; no client can tell it from a right one.
 """

@@ -1,5 +1,6 @@
 """ApiVersions: advertise only what both the upstream broker and the proxy can speak, and
-answer a request newer than the proxy knows with Kafka's version-negotiation error.
+answer a request newer than the proxy knows with Kafka's version-negotiation error. The
+client's name and version (KIP-511, v3 and later) are kept for the connection's filters.
 
 A client negotiates every later request from this answer, so capping each API at the
 versions kio can decode guarantees that every response the proxy must rewrite is one it
@@ -32,6 +33,10 @@ class ApiVersionsFilter:
         # A client newer than the proxy: answer as Kafka does, with the range to retry in.
         if frame.header.api_version > DECODABLE_VERSIONS[ApiKey.API_VERSIONS].max:
             return Respond.now(unsupported_api_versions_response())
+        if frame.header.api_version >= 3:
+            request: Any = frame.decode()
+            context.software.name = str(request.client_software_name)
+            context.software.version = str(request.client_software_version)
         return Forward()
 
     def wants_response(

@@ -87,6 +87,15 @@ class ClientIdentity:
     rounds: int = 0
 
 
+@dataclass(slots=True)
+class ClientSoftware:
+    """What the client of a connection says it is (KIP-511: ApiVersions v3 and later), as
+    `proxy.filters.api_versions` reads it; empty before, or from an older client."""
+
+    name: str = ""  # "apache-kafka-java", "librdkafka", "confluent-kafka-python", ...
+    version: str = ""  # confluent-kafka's say which librdkafka: "2.6.1-rdkafka-2.6.1"
+
+
 @dataclass(frozen=True, slots=True)
 class FilterContext:
     """What a filter may know of the connection a message travels on."""
@@ -96,6 +105,7 @@ class FilterContext:
     listener: str = ""
     look: BrokerNamesLook = field(default_factory=BrokerNamesLook, compare=False, repr=False)
     identity: ClientIdentity = field(default_factory=ClientIdentity, compare=False)
+    software: ClientSoftware = field(default_factory=ClientSoftware, compare=False)
     # Stands for the client connection, one per connection (kept by `replace`).
     connection: object = field(default_factory=object, compare=False, repr=False)
 

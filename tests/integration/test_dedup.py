@@ -338,6 +338,44 @@ def test_a_blind_resend_is_reported_at_its_originals_offsets(
     assert (errors, len(reported), wrong) == ([], 2000, {})
 
 
+def test_a_resend_no_offset_is_right_for_is_reported_without_one_by_librdkafka(
+    dedup_proxy: ProxyProcess, local_env: EnvInfo
+) -> None:
+    """Another producer wrote between each of p's records, so a batch of p's re-sent
+    records has no base offset right for all of them. Kafka's Java client reports -1 for
+    each record of a batch answered -1; librdkafka numbers them from it (-1, 0, 1, ...),
+    other records' offsets. So a librdkafka client is answered minus the batch's record
+    count: every report of such a batch names no offset, none another record's."""
+    topic = new_topic(local_env.bootstrap)
+    reported: dict[bytes, int | None] = {}
+    errors: list[KafkaError] = []
+
+    def on_delivery(error: KafkaError | None, message: Any) -> None:
+        if error is not None:
+            errors.append(error)
+        reported[message.value()] = message.offset()
+
+    first = DedupProducer(dedup_proxy.bootstrap, "p-apart", admin_url=dedup_proxy.admin_url)
+    other = DedupProducer(dedup_proxy.bootstrap, "q-between", admin_url=dedup_proxy.admin_url)
+    for sequence in range(60):
+        first.send(topic, f"v{sequence}".encode(), sequence_id=sequence, on_delivery=on_delivery)
+        assert first.flush(60) == 0
+        other.send(topic, f"q{sequence}".encode(), sequence_id=sequence)
+        assert other.flush(60) == 0
+    in_log = offsets_by_value(local_env.bootstrap, topic)
+    assert (errors, reported) == ([], {v: at for v, at in in_log.items() if v[:1] == b"v"})
+    reported.clear()
+    again = DedupProducer(dedup_proxy.bootstrap, "p-apart", admin_url=dedup_proxy.admin_url)
+    for sequence in range(60):  # blind, in batches of many records
+        again.send(topic, f"v{sequence}".encode(), sequence_id=sequence, on_delivery=on_delivery)
+    assert again.flush(60) == 0
+    assert offsets_by_value(local_env.bootstrap, topic) == in_log, "nothing written again"
+    wrong = {v: at for v, at in reported.items() if at is not None and at != in_log[v]}
+    unknown = [v for v, at in reported.items() if at is None]
+    assert (errors, len(reported), wrong) == ([], 60, {})
+    assert len(unknown) > 1, "batches of more than one record were answered without an offset"
+
+
 def test_unkeyed_messages_resent_by_a_restarted_producer_meet_their_first_send(
     dedup_proxy: ProxyProcess, local_env: EnvInfo
 ) -> None:

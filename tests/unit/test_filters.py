@@ -11,6 +11,8 @@ import datetime
 import uuid
 from typing import Any
 
+import kio.schema.api_versions.v2.request as api_versions_v2_request
+import kio.schema.api_versions.v3.request as api_versions_v3_request
 import kio.schema.api_versions.v3.response as api_versions_v3
 import kio.schema.describe_cluster.v1.response as describe_cluster_v1
 import kio.schema.fetch.v17.response as fetch_v17
@@ -24,10 +26,12 @@ from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from proxy.filters import standard_filters
+from proxy.filters.api_versions import ApiVersionsFilter
 from proxy.kafka.schemas import DECODABLE_VERSIONS, decode_response_body, encode_body
 from proxy.kafka.topology import Endpoint, Topology
-from proxy.kafka.wire import RequestHeader
-from proxy.runtime.chain import FilterChain, FilterContext, ResponseFilter
+from proxy.kafka.upstream_client import encode_request
+from proxy.kafka.wire import RequestHeader, parse_request_header
+from proxy.runtime.chain import FilterChain, FilterContext, Forward, RequestFrame, ResponseFilter
 
 pytestmark = pytest.mark.unit
 
@@ -277,3 +281,25 @@ def test_api_versions_intersected_with_what_the_proxy_decodes() -> None:
         (0, produce.min, produce.max),
         (3, metadata.min, min(1, metadata.max)),
     }
+
+
+def test_api_versions_request_tells_the_connection_what_software_the_client_is() -> None:
+    """KIP-511: from ApiVersions v3 on, a client names itself; the connection's filters
+    read it (`dedup.produce_filter` answers librdkafka's clients in their terms)."""
+    context, _, _ = make_context()
+    v3 = api_versions_v3_request.ApiVersionsRequest(
+        client_software_name="confluent-kafka-python", client_software_version="2.6.1-rdkafka-2.6.1"
+    )
+    payload = encode_request(v3, 7)[4:]
+    frame = RequestFrame(parse_request_header(payload), payload)
+    decision = asyncio.run(ApiVersionsFilter().on_request(frame, context))
+    assert isinstance(decision, Forward)
+    assert (context.software.name, context.software.version) == (
+        "confluent-kafka-python",
+        "2.6.1-rdkafka-2.6.1",
+    )
+    older, _, _ = make_context()  # v2 and before carry no name
+    payload = encode_request(api_versions_v2_request.ApiVersionsRequest(), 8)[4:]
+    frame = RequestFrame(parse_request_header(payload), payload)
+    assert isinstance(asyncio.run(ApiVersionsFilter().on_request(frame, older)), Forward)
+    assert (older.software.name, older.software.version) == ("", "")

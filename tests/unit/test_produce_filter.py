@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
 
+from dedup.batches import records_declared
 from dedup.engine import PartitionAnswer
 from dedup.ownership.nodes import Node
 from dedup.ownership.owner import Redirect
@@ -25,6 +26,8 @@ from dedup.produce_filter import (
     DECODE_OFF_LOOP_BYTES,
     DedupProduceFilter,
     _decoded,
+    numbered_below_zero,
+    numbers_reports_from_base,
     produce_answer,
     produce_response,
 )
@@ -33,8 +36,15 @@ from proxy.kafka.schemas import DECODABLE_VERSIONS, decode_request_body, decode_
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import encode_request
 from proxy.kafka.wire import FrameError, parse_request_header
-from proxy.runtime.chain import EncodedResponse, LocalAnswer, RequestFrame, Respond, encode_response
-from tests.support.raw import produce_request
+from proxy.runtime.chain import (
+    ClientSoftware,
+    EncodedResponse,
+    LocalAnswer,
+    RequestFrame,
+    Respond,
+    encode_response,
+)
+from tests.support.raw import explicit_batch, produce_request, produce_request_to
 from tests.support.threads import record_to_thread
 
 pytestmark = pytest.mark.unit
@@ -109,7 +119,10 @@ async def _responded(engine: _HeldEngine) -> tuple[DedupProduceFilter, Respond]:
     """The filter over `engine`, and its decision on one Produce request (a `Respond`)."""
     produce_filter = DedupProduceFilter(cast(Any, engine))
     context = SimpleNamespace(
-        identity=SimpleNamespace(principal=None), upstream=BROKER, connection=CONNECTION
+        identity=SimpleNamespace(principal=None),
+        upstream=BROKER,
+        connection=CONNECTION,
+        software=ClientSoftware(),
     )
     decision = await produce_filter.on_request(frame_of(b"records"), cast(Any, context))
     assert isinstance(decision, Respond)
@@ -263,3 +276,60 @@ def test_the_log_append_time_kafka_answered_reaches_the_client(version: int) -> 
             appended / 1000, tz=datetime.UTC
         )
         assert second.log_append_time is None  # -1 on the wire
+
+
+def test_only_clients_built_on_librdkafka_number_their_reports_from_the_base_offset() -> None:
+    numbering = [
+        ClientSoftware("librdkafka", "2.6.1"),
+        ClientSoftware("confluent-kafka-python", "2.6.1-rdkafka-2.6.1"),
+        ClientSoftware("confluent-kafka-go", "v2.6.1-rdkafka-v2.6.1"),
+    ]
+    not_numbering = [
+        ClientSoftware("apache-kafka-java", "3.9.0"),
+        ClientSoftware("kafka-python", "3.0.12"),
+        ClientSoftware(),  # said nothing (ApiVersions before v3)
+    ]
+    assert [numbers_reports_from_base(s) for s in numbering] == [True] * 3
+    assert [numbers_reports_from_base(s) for s in not_numbering] == [False] * 3
+
+
+def test_a_batch_answered_without_an_offset_is_numbered_below_zero_for_such_clients() -> None:
+    """librdkafka reports a batch's records at base, base + 1, ...: from minus the record
+    count, every one of them names a negative offset, none; from -1, all but the first
+    would name other records' offsets. Answers with an offset, errors and single records
+    are left as they are."""
+    three, one = explicit_batch([("p", 0), ("p", 1), ("p", 2)]), explicit_batch([("p", 3)])
+    request = produce_request_to(
+        {"t": {0: three, 1: three, 2: one, 3: three + one}, "u": {0: three}}
+    )
+    answers = {
+        ("t", 0): PartitionAnswer(base_offset=-1, log_start_offset=4),
+        ("t", 1): PartitionAnswer(base_offset=7),
+        ("t", 2): PartitionAnswer(base_offset=-1),
+        ("t", 3): PartitionAnswer(base_offset=-1),
+        ("u", 0): PartitionAnswer(error_code=int(ErrorCode.not_enough_replicas)),
+    }
+    assert numbered_below_zero(answers, request) == {
+        ("t", 0): PartitionAnswer(base_offset=-3, log_start_offset=4),
+        ("t", 1): PartitionAnswer(base_offset=7),
+        ("t", 2): PartitionAnswer(base_offset=-1),
+        ("t", 3): PartitionAnswer(base_offset=-4),  # two batches: 3 records and 1
+        ("u", 0): PartitionAnswer(error_code=int(ErrorCode.not_enough_replicas)),
+    }
+    assert answers[("t", 0)].base_offset == -1, "the engine's answers are not changed"
+
+
+@given(st.lists(st.integers(1, 30), max_size=5), st.data())
+def test_the_records_batches_declare_are_counted_from_their_headers(
+    sizes: list[int], data: st.DataObject
+) -> None:
+    batches = [explicit_batch([("p", i) for i in range(size)]) for size in sizes]
+    raw = b"".join(batches)
+    assert records_declared(raw) == sum(sizes)
+    if raw:  # cut anywhere but at a batch's end: not whole batches
+        ends = {sum(len(b) for b in batches[: i + 1]) for i in range(len(batches))}
+        cut = data.draw(st.integers(1, len(raw) - 1).filter(lambda at: at not in ends))
+        assert records_declared(raw[:cut]) is None
+        old_magic = bytearray(raw)
+        old_magic[16] = 1
+        assert records_declared(bytes(old_magic)) is None
