@@ -1,7 +1,8 @@
 """One loader: replays a CSV source into a topic, the row number as the sequence id, the
 way a batch import or CDC relay does. It checkpoints every `checkpoint_every` rows once
 Kafka has acknowledged them, and a restarted loader resumes after its last checkpoint, so
-the rows between that checkpoint and a crash are sent again.
+the rows between that checkpoint and a crash are sent again. Each positive delivery report
+is kept (`deploy.demo.delivery`), to be checked against the log once the load is done.
 
 Run as its own process (``python -m deploy.demo.loader``) so that a crash is a real
 SIGKILL: whatever librdkafka had in flight may or may not have been written.
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dedup.client import DedupProducer
+from deploy.demo.delivery import ReportWriter
 
 
 @dataclass
@@ -54,11 +56,13 @@ def run_loader(
     checkpoint_every: int,
     rows_per_s: float,
     crash_after_row: int | None,
+    reports_path: Path | None = None,
 ) -> None:
     rows = read_rows(source)
     checkpoint = Checkpoint.load(checkpoint_path)
     checkpoint.runs += 1
     producer = DedupProducer(bootstrap, producer_name)
+    reports = None if reports_path is None else ReportWriter(reports_path)
     started = time.monotonic()
     start_row = checkpoint.next_row
     for row_number in range(start_row, len(rows)):
@@ -68,6 +72,7 @@ def run_loader(
             json.dumps(row, separators=(",", ":")).encode(),
             key=row["order_id"].encode(),
             sequence_id=row_number,
+            on_delivery=None if reports is None else reports.callback(row_number),
         )
         checkpoint.sent += 1
         if crash_after_row is not None and row_number == crash_after_row:
@@ -81,6 +86,8 @@ def run_loader(
     producer.flush()
     checkpoint.next_row = len(rows)
     checkpoint.save(checkpoint_path)
+    if reports is not None:
+        reports.close()
 
 
 def _pace(started: float, sent: int, rows_per_s: float) -> None:
@@ -99,6 +106,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=1000)
     parser.add_argument("--rows-per-s", type=float, default=2000.0)
     parser.add_argument("--crash-after-row", type=int, default=None)
+    parser.add_argument("--reports", type=Path, default=None, help="delivery reports, appended")
     args = parser.parse_args()
     run_loader(
         source=args.source,
@@ -109,6 +117,7 @@ def main() -> None:
         checkpoint_every=args.checkpoint_every,
         rows_per_s=args.rows_per_s,
         crash_after_row=args.crash_after_row,
+        reports_path=args.reports,
     )
 
 

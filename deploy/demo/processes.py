@@ -25,6 +25,7 @@ class LoaderSpec:
     checkpoint_every: int
     rows_per_s: float
     crash_after_row: int | None  # None: this loader does not crash
+    reports: Path  # its delivery reports, appended by every run (`deploy.demo.delivery`)
 
 
 @dataclass
@@ -58,6 +59,8 @@ class Loader:
             str(self.spec.checkpoint_every),
             "--rows-per-s",
             str(self.spec.rows_per_s),
+            "--reports",
+            str(self.spec.reports),
         ]
         if crash is not None:
             args += ["--crash-after-row", str(crash)]

@@ -19,6 +19,10 @@ class PathReport:
     spark_rows: int  # rows in Spark's sink
     duplicates: int  # Spark rows whose (producer, sequence) an earlier row already had
     missing: int  # source rows absent from Spark's sink
+    # The loaders' positive delivery reports checked against the topic (`deploy.demo.delivery`)
+    reports_right: int = 0  # at the offset of the row's record
+    reports_unknown: int = 0  # no offset (-1)
+    reports_wrong: int = 0  # at another record's offset, or none's
 
     @property
     def exact(self) -> bool:
@@ -42,7 +46,7 @@ class DemoReport:
         table.add_column("")
         table.add_column("through the proxy", justify="right")
         table.add_column("control (straight to Kafka)", justify="right")
-        for label, field in _ROWS:
+        for label, field in (*_ROWS, *_REPORT_ROWS):
             proxy, control = getattr(self.proxy, field), getattr(self.control, field)
             table.add_row(label, _cell(field, proxy), _cell(field, control))
         return table
@@ -88,9 +92,15 @@ _ROWS = (
     ("duplicates in Spark's output", "duplicates"),
     ("missing from Spark's output", "missing"),
 )
+# In the table, not the chart (the chart counts records)
+_REPORT_ROWS = (
+    ("delivery reports at their record", "reports_right"),
+    ("delivery reports without an offset", "reports_unknown"),
+    ("delivery reports at another record", "reports_wrong"),
+)
 
 
 def _cell(field: str, value: int) -> str:
-    if field in ("duplicates", "missing"):
+    if field in ("duplicates", "missing", "reports_wrong"):
         return f"[green]{value:,}[/]" if value == 0 else f"[bold red]{value:,}[/]"
     return f"{value:,}"

@@ -8,7 +8,8 @@ client with Kafka's idempotent producer on, and both suffer the same faults:
 - the proxy is killed (SIGKILL) and restarted, cutting every connection through it;
 - the Spark job is killed (SIGKILL) and restarted from its checkpoint.
 The Spark job reads both topics with Spark's Kafka source into one exactly-once sink. The
-report counts, per path, the source, what was sent, the topic, Spark's rows and duplicates.
+report counts, per path, the source, what was sent, the topic, Spark's rows and duplicates,
+and checks each delivery report the loaders got against the record at the offset it names.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from deploy.demo.delivery import add_up, check_reports, read_reports
 from deploy.demo.processes import Loader, LoaderSpec, SparkJob
 from deploy.demo.report import DemoReport, PathReport
 from deploy.demo.topics import count_topic, create_topic
@@ -222,7 +224,9 @@ def _loaders(
                 checkpoint_every=size.checkpoint_every,
                 rows_per_s=size.rows_per_s,
                 crash_after_row=crash_points.get(index),
+                reports=paths.work / f"{path_name}-{name}.reports.csv",
             )
+            spec.reports.unlink(missing_ok=True)  # appended by each of this loader's runs
             loaders[path_name].append(Loader(spec, paths.logs / f"{path_name}-{name}.log"))
     return loaders
 
@@ -291,6 +295,14 @@ def _report(
     reports = {}
     for path, topic in topics.items():
         in_topic = count_topic(env.bootstrap, topic)
+        delivered = add_up(
+            [
+                check_reports(
+                    read_reports(loader.spec.reports), loader.spec.producer, in_topic.identities
+                )
+                for loader in loaders[path]
+            ]
+        )
         producers = [p for p in summary["producers"] if p["topic"] == topic]
         rows = sum(p["rows"] for p in producers)
         distinct = sum(p["distinct"] for p in producers)
@@ -301,5 +313,8 @@ def _report(
             spark_rows=rows,
             duplicates=rows - distinct,
             missing=source - distinct,
+            reports_right=delivered.right,
+            reports_unknown=delivered.unknown,
+            reports_wrong=delivered.wrong,
         )
     return DemoReport(proxy=reports["proxy"], control=reports["control"])

@@ -4,7 +4,7 @@ Spark, so the two counts check each other)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from confluent_kafka import Consumer, TopicPartition
@@ -17,6 +17,10 @@ from deploy.topics import create_topic as create_topic  # re-exported for the sc
 class TopicCount:
     records: int
     distinct: int  # distinct (producer, sequence)
+    # (partition, offset) -> (producer, sequence) of each record: what a report names
+    identities: dict[tuple[int, int], tuple[bytes | None, bytes | None]] = field(
+        default_factory=dict
+    )
 
     @property
     def duplicates(self) -> int:
@@ -24,8 +28,9 @@ class TopicCount:
 
 
 def count_topic(bootstrap: str, topic: str, timeout_s: float = 300.0) -> TopicCount:
-    """Every data record of every partition, up to the end it has now. Offsets taken by
-    transaction markers (the proxy's fences) are not records and are not counted."""
+    """Every data record of every partition, up to the end it has now, and the identity
+    each offset holds. Offsets taken by transaction markers (the proxy's fences) are not
+    records and are not counted."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -44,7 +49,7 @@ def count_topic(bootstrap: str, topic: str, timeout_s: float = 300.0) -> TopicCo
             )
         consumer.assign([TopicPartition(topic, p, 0) for p in ends])
         positions = dict.fromkeys(ends, 0)
-        identities: set[tuple[object, object]] = set()
+        at: dict[tuple[int, int], tuple[bytes | None, bytes | None]] = {}
         records = 0
         deadline = time.monotonic() + timeout_s
         while any(positions[p] < ends[p] for p in ends):
@@ -67,7 +72,7 @@ def count_topic(bootstrap: str, topic: str, timeout_s: float = 300.0) -> TopicCo
                         producer = value
                     elif name == HEADER_SEQUENCE:
                         sequence = value
-                identities.add((producer, sequence))
-        return TopicCount(records=records, distinct=len(identities))
+                at[(partition, offset)] = (producer, sequence)
+        return TopicCount(records=records, distinct=len(set(at.values())), identities=at)
     finally:
         consumer.close()

@@ -39,6 +39,11 @@ def test_demo_small_is_exact_through_the_proxy_and_not_in_the_control(
     assert control["duplicates"] > 0
     assert control["topic_records"] == control["spark_rows"]
     assert control["spark_rows"] == control["source_records"] + control["duplicates"]
+    # Each delivery report at its record, or at none: never at another record's offset.
+    for side in (proxy, control):
+        assert side["reports_wrong"] == 0, side
+        assert side["reports_right"] + side["reports_unknown"] >= side["source_records"], side
+    assert control["reports_unknown"] == 0, "straight to Kafka, every report has its offset"
     # Every fault happened.
     for fault in ("crashed; restarted from row", "proxy killed", "Spark job killed"):
         assert fault in result.stdout, result.stdout
