@@ -18,6 +18,7 @@ producer's delivery report gives (`RecordMetadata.offset()`, librdkafka's
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -47,18 +48,28 @@ def check_reported_offsets(
     """`reported[v]`: the offset the positive report of value v named (negative: none);
     `acks[v]`: its acknowledgement (`ACK_POSITIVE`: reported); `log[o]`: the value at
     offset o (`NOT_IN_LOG`: none read). Up to `keep` wrong reports are kept as examples."""
+    positive = (
+        (value, offset, 0 <= offset < len(log) and log[offset] == value)
+        for value, ack in enumerate(acks)
+        if ack == ACK_POSITIVE
+        for offset in (reported[value],)
+    )
+    return tally(positive, keep=keep)
+
+
+def tally(reports: Iterable[tuple[int, int, bool]], *, keep: int = 5) -> ReportedOffsets:
+    """Reports counted: each (what it reports, the offset it names, whether the record at
+    that offset is its own), unknown where the offset is negative. Up to `keep` wrong
+    ones are kept as examples, (what, offset)."""
     right = unknown = wrong = 0
     examples: list[tuple[int, int]] = []
-    for value, ack in enumerate(acks):
-        if ack != ACK_POSITIVE:
-            continue
-        offset = reported[value]
+    for what, offset, at_its_record in reports:
         if offset < 0:
             unknown += 1
-        elif offset < len(log) and log[offset] == value:
+        elif at_its_record:
             right += 1
         else:
             wrong += 1
             if len(examples) < keep:
-                examples.append((value, offset))
+                examples.append((what, offset))
     return ReportedOffsets(right, unknown, wrong, examples)

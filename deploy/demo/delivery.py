@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from deploy.chaos.reported_offsets import ReportedOffsets
+from deploy.chaos.reported_offsets import ReportedOffsets, tally
 
 NO_OFFSET = -1  # librdkafka reports a batch answered without an offset at -1 (None here)
 
@@ -66,18 +66,13 @@ def check_reports(
     its sequence), unknown where it names no offset, wrong otherwise. Up to ``keep``
     wrong reports are kept as examples, (row, offset)."""
     name = producer.encode()
-    right = unknown = wrong = 0
-    examples: list[tuple[int, int]] = []
-    for row, partition, offset in reports:
-        if offset < 0:
-            unknown += 1
-        elif log.get((partition, offset)) == (name, str(row).encode()):
-            right += 1
-        else:
-            wrong += 1
-            if len(examples) < keep:
-                examples.append((row, offset))
-    return ReportedOffsets(right, unknown, wrong, examples)
+    return tally(
+        (
+            (row, offset, log.get((partition, offset)) == (name, str(row).encode()))
+            for row, partition, offset in reports
+        ),
+        keep=keep,
+    )
 
 
 def add_up(counts: list[ReportedOffsets]) -> ReportedOffsets:

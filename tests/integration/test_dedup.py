@@ -47,6 +47,7 @@ from proxy.kafka.schemas import decode_response_body
 from proxy.kafka.upstream_client import encode_request
 from tests.support.java_clients import misreported, sent
 from tests.support.kafka_io import (
+    DeliveryReports,
     assert_exactly_once_in_order,
     end_offset,
     offsets_by_value,
@@ -312,30 +313,22 @@ def test_a_blind_resend_is_reported_at_its_originals_offsets(
     its record's offset. (A batch answered -1 is numbered from -1 by librdkafka: its
     records' reports would name other records' offsets.)"""
     topic = new_topic(local_env.bootstrap)
-    reported: dict[bytes, int | None] = {}
-    errors: list[KafkaError] = []
-
-    def on_delivery(error: KafkaError | None, message: Any) -> None:
-        if error is not None:
-            errors.append(error)
-        reported[message.value()] = message.offset()
+    reports = DeliveryReports()
 
     def send(producer: DedupProducer) -> None:
         for sequence in range(2000):
-            producer.send(
-                topic, f"v{sequence}".encode(), sequence_id=sequence, on_delivery=on_delivery
-            )
+            producer.send(topic, f"v{sequence}".encode(), sequence_id=sequence, on_delivery=reports)
             if sequence % 100 == 99:
                 assert producer.flush(60) == 0  # a batch of 100 at most: 20 or more batches
 
     send(DedupProducer(dedup_proxy.bootstrap, "p-blind", admin_url=dedup_proxy.admin_url))
     in_log = offsets_by_value(local_env.bootstrap, topic)
-    assert (errors, reported) == ([], in_log)
-    reported.clear()
+    assert (reports.errors, reports.offsets) == ([], in_log)
+    reports.offsets.clear()
     send(DedupProducer(dedup_proxy.bootstrap, "p-blind", admin_url=dedup_proxy.admin_url))
     assert offsets_by_value(local_env.bootstrap, topic) == in_log, "nothing written again"
-    wrong = {value: at for value, at in reported.items() if at != in_log[value]}
-    assert (errors, len(reported), wrong) == ([], 2000, {})
+    wrong = {value: at for value, at in reports.offsets.items() if at != in_log[value]}
+    assert (reports.errors, len(reports.offsets), wrong) == ([], 2000, {})
 
 
 def test_a_resend_no_offset_is_right_for_is_reported_without_one_by_librdkafka(
@@ -347,32 +340,27 @@ def test_a_resend_no_offset_is_right_for_is_reported_without_one_by_librdkafka(
     other records' offsets. So a librdkafka client is answered minus the batch's record
     count: every report of such a batch names no offset, none another record's."""
     topic = new_topic(local_env.bootstrap)
-    reported: dict[bytes, int | None] = {}
-    errors: list[KafkaError] = []
-
-    def on_delivery(error: KafkaError | None, message: Any) -> None:
-        if error is not None:
-            errors.append(error)
-        reported[message.value()] = message.offset()
-
+    reports = DeliveryReports()
     first = DedupProducer(dedup_proxy.bootstrap, "p-apart", admin_url=dedup_proxy.admin_url)
     other = DedupProducer(dedup_proxy.bootstrap, "q-between", admin_url=dedup_proxy.admin_url)
     for sequence in range(60):
-        first.send(topic, f"v{sequence}".encode(), sequence_id=sequence, on_delivery=on_delivery)
+        first.send(topic, f"v{sequence}".encode(), sequence_id=sequence, on_delivery=reports)
         assert first.flush(60) == 0
         other.send(topic, f"q{sequence}".encode(), sequence_id=sequence)
         assert other.flush(60) == 0
     in_log = offsets_by_value(local_env.bootstrap, topic)
-    assert (errors, reported) == ([], {v: at for v, at in in_log.items() if v[:1] == b"v"})
-    reported.clear()
+    mine = {v: at for v, at in in_log.items() if v[:1] == b"v"}
+    assert (reports.errors, reports.offsets) == ([], mine)
+    reports.offsets.clear()
     again = DedupProducer(dedup_proxy.bootstrap, "p-apart", admin_url=dedup_proxy.admin_url)
     for sequence in range(60):  # blind, in batches of many records
-        again.send(topic, f"v{sequence}".encode(), sequence_id=sequence, on_delivery=on_delivery)
+        again.send(topic, f"v{sequence}".encode(), sequence_id=sequence, on_delivery=reports)
     assert again.flush(60) == 0
     assert offsets_by_value(local_env.bootstrap, topic) == in_log, "nothing written again"
+    reported = reports.offsets
     wrong = {v: at for v, at in reported.items() if at is not None and at != in_log[v]}
     unknown = [v for v, at in reported.items() if at is None]
-    assert (errors, len(reported), wrong) == ([], 60, {})
+    assert (reports.errors, len(reported), wrong) == ([], 60, {})
     assert len(unknown) > 1, "batches of more than one record were answered without an offset"
 
 

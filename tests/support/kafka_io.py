@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -46,6 +47,20 @@ def read_messages(bootstrap: str, topic: str, partition: int = 0, **config: str)
         return messages
     finally:
         consumer.close()
+
+
+class DeliveryReports:
+    """A producer's delivery callback that keeps every report: the offset each names, by
+    the message's value (None: no offset), and the errors."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[bytes, int | None] = {}
+        self.errors: list[Any] = []
+
+    def __call__(self, error: Any, message: Message) -> None:
+        if error is not None:
+            self.errors.append(error)
+        self.offsets[message.value()] = message.offset()
 
 
 def offsets_by_value(bootstrap: str, topic: str, **config: str) -> dict[bytes, int]:

@@ -40,6 +40,14 @@ def test_an_offset_past_the_log_or_where_nothing_was_read_is_wrong() -> None:
     assert found.examples == [(0, 5), (1, 1)]
 
 
+def test_any_negative_offset_is_unknown_however_far_below_the_log() -> None:
+    # librdkafka's -1001, and a batch of 40 answered at -40 (as the proxy answers its
+    # clients a batch without an offset): below zero, never read as an index from the end.
+    acks = bytes([ACK_POSITIVE] * 3)
+    found = check_reported_offsets(offsets(-1001, -40, -2), acks, offsets(2, 1, 0))
+    assert found == ReportedOffsets(0, 3, 0, [])
+
+
 def test_examples_are_bounded() -> None:
     acks = bytes([ACK_POSITIVE] * 10)
     found = check_reported_offsets(offsets(*[100] * 10), acks, offsets(), keep=3)
