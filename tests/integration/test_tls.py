@@ -467,15 +467,15 @@ def produce_through_a_kill(
     acknowledged and a burst more is on its way, and started again as the same instance;
     the producer retries what was in flight, and a second producer re-sends the first 500.
     The topic, read over Kafka's own TLS listener, holds every record once, in order, and
-    each delivery report of the first producer names its record's offset. (The re-sends'
-    reports are not checked: a re-sent batch that spans the restart's fence marker, an
-    offset between its records, has no base offset that holds for all of them. It is
-    answered -1, which librdkafka numbers on from.)"""
+    each delivery report of the first producer names its record's offset; each of the
+    re-sender's names its record's, or none: a re-sent batch that spans the restart's
+    fence marker (an offset between its records) has no base offset right for all of them,
+    and is answered to librdkafka below zero."""
     topic = new_topic(env.bootstrap)
     producer = DedupProducer(proxy.bootstrap, "secured-loader", **client_config)
     errors: list[str] = []
     delivered = 0
-    reported: dict[bytes, int] = {}  # the first producer's: offset by value
+    reported: dict[bytes, int | None] = {}  # the latest report's offset by value (None: none)
 
     def on_delivery(error: object, message: Any) -> None:
         nonlocal delivered
@@ -514,6 +514,10 @@ def produce_through_a_kill(
     assert_exactly_once_in_order(written, TOTAL)
     in_log = offsets_by_value(env.tls_bootstrap, topic, **kafka_tls(certs))
     wrong = [(value, offset) for value, offset in first_reports.items() if offset != in_log[value]]
+    assert wrong == [], (len(wrong), wrong[:5])
+    assert delivered == TOTAL + 500
+    resent = {str(n).encode(): reported[str(n).encode()] for n in range(500)}
+    wrong = [(v, at) for v, at in resent.items() if at is not None and at != in_log[v]]
     assert wrong == [], (len(wrong), wrong[:5])
     return topic
 
