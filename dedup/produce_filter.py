@@ -131,7 +131,7 @@ def numbered_below_zero(
     with minus its record count, so that every record's report names a negative offset,
     none, as the Java client reports -1 for each. From -1, the records after the first
     would be reported at offsets 0, 1, 2 ...: other records'."""
-    numbered = dict(answers)
+    numbered = answers  # copied at the first answer to change: most requests change none
     for topic in request.topic_data:
         for part in topic.partition_data:
             key = (str(topic.name), int(part.index))
@@ -140,6 +140,8 @@ def numbered_below_zero(
                 continue
             count = records_declared(part.records)
             if count is not None and count > 1:
+                if numbered is answers:
+                    numbered = dict(answers)
                 numbered[key] = replace(answer, base_offset=-count)
     return numbered
 

@@ -150,6 +150,9 @@ def run_demo(size: DemoSize, report_path: Path | None, work_dir: Path | None) ->
     if not report.proxy.exact:
         console.print("[bold red]The proxy path is not exact.[/]")
         return 1
+    if report.proxy.reports_wrong:
+        console.print("[bold red]Delivery reports through the proxy named other records.[/]")
+        return 1
     verdict = (
         f"the control has {report.control.duplicates:,} duplicates"
         if report.control.duplicates
