@@ -117,9 +117,10 @@ class DedupProduceFilter:
 def numbers_reports_from_base(software: ClientSoftware) -> bool:
     """Whether the client numbers a batch's delivery reports from the answer's base offset,
     whatever it is: librdkafka does (base, base + 1, ... for the batch's records, from -1
-    too), and so does every client built on it (confluent-kafka for Python, Go and .NET,
-    whose versions name it: "2.6.1-rdkafka-2.6.1"). Kafka's Java client and kafka-python
-    report -1 for every record of a batch answered -1."""
+    too), and so does every client built on it. librdkafka names itself "librdkafka";
+    confluent-kafka for Python names itself "confluent-kafka-python", version
+    "<its version>-rdkafka-<librdkafka's>". Kafka's Java client and kafka-python report
+    -1 for every record of a batch answered -1."""
     return "rdkafka" in software.name or "rdkafka" in software.version
 
 
