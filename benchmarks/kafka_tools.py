@@ -54,7 +54,13 @@ from benchmarks.passthrough import (
     write_csv,
 )
 from benchmarks.pinning import check_pin_argument
-from benchmarks.stage import Stage, add_stage_arguments, git_commit, stage_settings
+from benchmarks.stage import (
+    Stage,
+    add_stage_arguments,
+    git_commit,
+    python_loop_s,
+    stage_settings,
+)
 from benchmarks.tool_output import (
     ConsumerSummary,
     ProducerSummary,
@@ -748,6 +754,7 @@ def describe(settings: Settings) -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
+        "python_loop_s_start": python_loop_s(),
         "commit": git_commit(),
     }
 
@@ -764,6 +771,7 @@ def write_outputs(
     )
     plot(settings.out / "kafka_tools.png", rows, summary, title)
     meta["loadavg_end"] = os.getloadavg()
+    meta["python_loop_s_end"] = python_loop_s()
     (settings.out / "kafka_tools_meta.json").write_text(
         json.dumps(meta, indent=2, default=str) + "\n"
     )

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from deploy.chaos.classify import COLUMNS, RunResult
+from deploy.chaos.reported_offsets import ReportedOffsets
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -101,11 +102,11 @@ def describe_reports(outcomes: list[RunResult]) -> list[str]:
         found = [o.reported_offsets for o in outcomes if o.dedup_enabled is dedup]
         reports = [r for r in found if r is not None]
         if reports:
+            total = ReportedOffsets.total(reports)
             lines.append(
                 f"delivery reports, dedup {'on' if dedup else 'off'}: "
-                f"{sum(r.right for r in reports)} at their record, "
-                f"{sum(r.unknown for r in reports)} with no offset, "
-                f"{sum(r.wrong for r in reports)} naming another record's offset"
+                f"{total.right} at their record, {total.unknown} with no offset, "
+                f"{total.wrong} naming another record's offset"
             )
     return lines
 

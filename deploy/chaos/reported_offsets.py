@@ -41,6 +41,18 @@ class ReportedOffsets:
         counts = f"offsets right={self.right} unknown={self.unknown} wrong={self.wrong}"
         return counts + (f" {self.examples}" if self.examples else "")
 
+    @classmethod
+    def total(cls, counts: Iterable[ReportedOffsets], *, keep: int = 5) -> ReportedOffsets:
+        """Several counts as one (their examples in order, up to `keep`)."""
+        counts = list(counts)
+        examples = [example for count in counts for example in count.examples][:keep]
+        return cls(
+            sum(c.right for c in counts),
+            sum(c.unknown for c in counts),
+            sum(c.wrong for c in counts),
+            examples,
+        )
+
 
 def check_reported_offsets(
     reported: array[int], acks: bytes | bytearray, log: array[int], *, keep: int = 5

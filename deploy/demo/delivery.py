@@ -73,14 +73,3 @@ def check_reports(
         ),
         keep=keep,
     )
-
-
-def add_up(counts: list[ReportedOffsets]) -> ReportedOffsets:
-    """Several loaders' counts as one (the first examples of each, up to 5)."""
-    examples = [example for count in counts for example in count.examples][:5]
-    return ReportedOffsets(
-        sum(c.right for c in counts),
-        sum(c.unknown for c in counts),
-        sum(c.wrong for c in counts),
-        examples,
-    )

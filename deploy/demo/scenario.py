@@ -26,7 +26,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from deploy.demo.delivery import add_up, check_reports, read_reports
+from deploy.chaos.reported_offsets import ReportedOffsets
+from deploy.demo.delivery import check_reports, read_reports
 from deploy.demo.processes import Loader, LoaderSpec, SparkJob
 from deploy.demo.report import DemoReport, PathReport
 from deploy.demo.topics import count_topic, create_topic
@@ -298,7 +299,7 @@ def _report(
     reports = {}
     for path, topic in topics.items():
         in_topic = count_topic(env.bootstrap, topic)
-        delivered = add_up(
+        delivered = ReportedOffsets.total(
             [
                 check_reports(
                     read_reports(loader.spec.reports), loader.spec.producer, in_topic.identities

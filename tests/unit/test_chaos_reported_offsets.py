@@ -111,3 +111,28 @@ def test_the_command_line_sums_each_settings_reports_and_flags_a_wrong_one() -> 
     ]
     assert any_wrong_report(outcomes, dedup_enabled=False)
     assert not any_wrong_report(outcomes, dedup_enabled=True)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 50),
+            st.integers(0, 50),
+            st.integers(0, 50),
+            st.lists(st.tuples(st.integers(), st.integers()), max_size=6),
+        ),
+        max_size=8,
+    ),
+    st.integers(0, 10),
+)
+def test_a_total_sums_each_kind_and_keeps_the_first_examples(
+    parts: list[tuple[int, int, int, list[tuple[int, int]]]], keep: int
+) -> None:
+    counts = [ReportedOffsets(r, u, w, examples) for r, u, w, examples in parts]
+    total = ReportedOffsets.total(iter(counts), keep=keep)
+    assert (total.right, total.unknown, total.wrong) == (
+        sum(p[0] for p in parts),
+        sum(p[1] for p in parts),
+        sum(p[2] for p in parts),
+    )
+    assert total.examples == [example for p in parts for example in p[3]][:keep]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deploy.chaos.reported_offsets import ReportedOffsets
-from deploy.demo.delivery import ReportWriter, add_up, check_reports, read_reports
+from deploy.demo.delivery import ReportWriter, check_reports, read_reports
 from deploy.demo.loader import Checkpoint
 from deploy.demo.report import DemoReport, PathReport
 
@@ -91,6 +91,6 @@ def test_a_report_is_right_only_where_the_record_at_its_offset_is_its_row() -> N
     ]
     counted = check_reports(iter(reports), "loader-1", log, keep=2)
     assert counted == ReportedOffsets(3, 1, 3, [(2, 0), (1, 0)])
-    assert add_up([counted, ReportedOffsets(1, 0, 1, [(9, 9)])]) == ReportedOffsets(
+    assert ReportedOffsets.total([counted, ReportedOffsets(1, 0, 1, [(9, 9)])]) == ReportedOffsets(
         4, 1, 4, [(2, 0), (1, 0), (9, 9)]
     )
