@@ -13,8 +13,9 @@ import asyncio
 import datetime
 import functools
 import sys
+from collections.abc import Collection
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import structlog
 from kio.schema.types import BrokerId
@@ -50,8 +51,11 @@ DECODE_OFF_LOOP_BYTES = 1 << 20
 class DedupProduceFilter:
     request_keys = frozenset({ApiKey.PRODUCE})
 
-    def __init__(self, engine: DedupEngine) -> None:
+    def __init__(self, engine: DedupEngine, numbering_from_base: Collection[str] = ()) -> None:
+        """``numbering_from_base``: client software names (KIP-511) that number their
+        reports from the base offset besides those `numbers_reports_from_base` knows."""
         self._engine = engine
+        self._numbering_from_base = frozenset(numbering_from_base)
         self._running: set[asyncio.Task[LocalAnswer]] = set()
 
     async def on_request(self, frame: RequestFrame, context: FilterContext) -> RequestDecision:
@@ -104,7 +108,7 @@ class DedupProduceFilter:
         software: ClientSoftware,
     ) -> LocalAnswer:
         answers = await self._engine.produce(request, admission, broker)
-        if numbers_reports_from_base(software):
+        if numbers_reports_from_base(software, self._numbering_from_base):
             answers = numbered_below_zero(answers, request)
         return produce_answer(version, answers, request)
 
@@ -114,14 +118,36 @@ class DedupProduceFilter:
             await asyncio.gather(*self._running, return_exceptions=True)
 
 
-def numbers_reports_from_base(software: ClientSoftware) -> bool:
+# Clients built on librdkafka, by the software name their ApiVersions request gives (read in
+# their sources): librdkafka's default, and Confluent's clients for Python, Go, .NET and
+# JavaScript. Go's and .NET's give librdkafka's bare version as theirs ("2.6.1"), so only
+# their name tells; Python's and JavaScript's versions name it too ("2.6.1-rdkafka-2.6.1",
+# "1.2.0-librdkafka-2.6.1").
+LIBRDKAFKA_CLIENTS: Final = frozenset(
+    {
+        "librdkafka",
+        "confluent-kafka-python",
+        "confluent-kafka-go",
+        "confluent-kafka-dotnet",
+        "confluent-kafka-javascript",
+    }
+)
+
+
+def numbers_reports_from_base(
+    software: ClientSoftware, also: Collection[str] = frozenset()
+) -> bool:
     """Whether the client numbers a batch's delivery reports from the answer's base offset,
     whatever it is: librdkafka does (base, base + 1, ... for the batch's records, from -1
-    too), and so does every client built on it. librdkafka names itself "librdkafka";
-    confluent-kafka for Python names itself "confluent-kafka-python", version
-    "<its version>-rdkafka-<librdkafka's>". Kafka's Java client and kafka-python report
-    -1 for every record of a batch answered -1."""
-    return "rdkafka" in software.name or "rdkafka" in software.version
+    too), and so does every client built on it: one of `LIBRDKAFKA_CLIENTS`, one of
+    ``also`` (the operator's list), or any whose name or version says "rdkafka". Kafka's
+    Java client and kafka-python report -1 for every record of a batch answered -1."""
+    return (
+        software.name in LIBRDKAFKA_CLIENTS
+        or software.name in also
+        or "rdkafka" in software.name
+        or "rdkafka" in software.version
+    )
 
 
 def numbered_below_zero(

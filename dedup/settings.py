@@ -145,6 +145,15 @@ class DedupSettings(BaseSettings):
         "offset and log append time, as Kafka answers one "
         "(about 1 KB each); a re-send beyond them is answered offset -1; 0: none kept",
     )
+    clients_numbering_from_base: list[str] = Field(
+        default_factory=list,
+        description="client software names (as their ApiVersions request gives them, "
+        "KIP-511) that number a batch's delivery reports from the answer's base offset, "
+        "as librdkafka does, besides the ones the proxy knows (librdkafka, Confluent's "
+        "clients, any name or version with 'rdkafka'): a batch re-sent where no offset is "
+        "right is answered minus its record count, not -1, so none of its records is "
+        "reported at another record's offset (JSON in the environment)",
+    )
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
     instance_id: str | None = Field(
         default=None,

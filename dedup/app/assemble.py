@@ -72,7 +72,7 @@ def assemble(settings: Settings) -> AssembledProxy:
         [
             *ownership_filters(dedup.ownership, dedup.policies),
             *filters,
-            DedupProduceFilter(dedup.engine),
+            DedupProduceFilter(dedup.engine, settings.clients_numbering_from_base),
         ]
     )
     server = ProxyServer(settings, cluster, chain, services=[dedup])

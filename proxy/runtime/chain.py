@@ -93,7 +93,7 @@ class ClientSoftware:
     `proxy.filters.api_versions` reads it; empty before, or from an older client."""
 
     name: str = ""  # "apache-kafka-java", "librdkafka", "confluent-kafka-python", ...
-    version: str = ""  # confluent-kafka's say which librdkafka: "2.6.1-rdkafka-2.6.1"
+    version: str = ""  # "2.6.1-rdkafka-2.6.1" (Python's); Go's, .NET's: librdkafka's "2.6.1"
 
 
 @dataclass(frozen=True, slots=True)

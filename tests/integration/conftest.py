@@ -77,6 +77,8 @@ def dedup_proxy(
             # Policies re-read for every request: the admission of pipelined requests
             # must keep their order even when each one waits on Redis first.
             "DEDUP_PROXY_POLICY_CACHE_S": "0",
+            # A librdkafka wrapper of a name of its own (test_dedup's delivery reports).
+            "DEDUP_PROXY_CLIENTS_NUMBERING_FROM_BASE": '["listed-wrapper"]',
         },
         log_path=dedup_proxy_log,
     )

@@ -49,3 +49,15 @@ def test_errors_name_the_bad_field(tmp_path: Path) -> None:
         load_settings(config)
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "missing.toml")
+
+
+def test_client_names_numbering_from_base_come_as_json_or_a_toml_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DEDUP_PROXY_CLIENTS_NUMBERING_FROM_BASE", raising=False)
+    assert load_settings(None).clients_numbering_from_base == []
+    config = tmp_path / "proxy.toml"
+    config.write_text('clients_numbering_from_base = ["ClickHouse"]\n')
+    assert load_settings(config).clients_numbering_from_base == ["ClickHouse"]
+    monkeypatch.setenv("DEDUP_PROXY_CLIENTS_NUMBERING_FROM_BASE", '["karafka", "my-wrapper"]')
+    assert load_settings(config).clients_numbering_from_base == ["karafka", "my-wrapper"]

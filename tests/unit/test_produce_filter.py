@@ -112,19 +112,26 @@ class _HeldEngine:
         if self.error is not None:
             raise self.error
         self.written += 1
-        return {("t", 0): PartitionAnswer(base_offset=5)}
+        return {("t", 0): PartitionAnswer(base_offset=self.base_offset)}
+
+    base_offset = 5  # what every write is answered
 
 
-async def _responded(engine: _HeldEngine) -> tuple[DedupProduceFilter, Respond]:
+async def _responded(
+    engine: _HeldEngine,
+    records: bytes = b"records",
+    software: ClientSoftware | None = None,
+    numbering_from_base: Sequence[str] = (),
+) -> tuple[DedupProduceFilter, Respond]:
     """The filter over `engine`, and its decision on one Produce request (a `Respond`)."""
-    produce_filter = DedupProduceFilter(cast(Any, engine))
+    produce_filter = DedupProduceFilter(cast(Any, engine), numbering_from_base)
     context = SimpleNamespace(
         identity=SimpleNamespace(principal=None),
         upstream=BROKER,
         connection=CONNECTION,
-        software=ClientSoftware(),
+        software=software or ClientSoftware(),
     )
-    decision = await produce_filter.on_request(frame_of(b"records"), cast(Any, context))
+    decision = await produce_filter.on_request(frame_of(records), cast(Any, context))
     assert isinstance(decision, Respond)
     return produce_filter, decision
 
@@ -279,18 +286,52 @@ def test_the_log_append_time_kafka_answered_reaches_the_client(version: int) -> 
 
 
 def test_only_clients_built_on_librdkafka_number_their_reports_from_the_base_offset() -> None:
+    # As each names itself (read in their sources): Go's and .NET's give librdkafka's
+    # bare version as theirs, JavaScript's its own and librdkafka's.
     numbering = [
         ClientSoftware("librdkafka", "2.6.1"),
         ClientSoftware("confluent-kafka-python", "2.6.1-rdkafka-2.6.1"),
-        ClientSoftware("confluent-kafka-go", "v2.6.1-rdkafka-v2.6.1"),
+        ClientSoftware("confluent-kafka-go", "2.6.1"),
+        ClientSoftware("confluent-kafka-dotnet", "2.6.1"),
+        ClientSoftware("confluent-kafka-javascript", "1.2.0-librdkafka-2.6.1"),
+        ClientSoftware("node-rdkafka", "3.2.1"),
     ]
     not_numbering = [
         ClientSoftware("apache-kafka-java", "3.9.0"),
         ClientSoftware("kafka-python", "3.0.12"),
+        ClientSoftware("confluent-kafka-rest", "7.8.0"),  # not a name the proxy knows
         ClientSoftware(),  # said nothing (ApiVersions before v3)
     ]
-    assert [numbers_reports_from_base(s) for s in numbering] == [True] * 3
-    assert [numbers_reports_from_base(s) for s in not_numbering] == [False] * 3
+    assert [numbers_reports_from_base(s) for s in numbering] == [True] * len(numbering)
+    assert [numbers_reports_from_base(s) for s in not_numbering] == [False] * 4
+    # An operator's list adds names (a librdkafka wrapper under a name of its own).
+    assert numbers_reports_from_base(ClientSoftware("ClickHouse", "24.8"), {"ClickHouse"})
+    assert not numbers_reports_from_base(ClientSoftware("ClickHouse", "24.8"), {"clickhouse"})
+
+
+@pytest.mark.parametrize(
+    ("listed", "base_offset"), [((), -1), (["wrapper"], -3)], ids=["unlisted", "listed"]
+)
+def test_the_filter_answers_a_listed_client_below_zero(
+    listed: Sequence[str], base_offset: int
+) -> None:
+    """`clients_numbering_from_base` reaches the answer: a batch of 3 records answered
+    without an offset is -3 for a client the setting names, -1 for one it does not."""
+
+    async def scenario() -> Any:
+        engine = _HeldEngine()
+        engine.base_offset = -1
+        batch = explicit_batch([("p", 0), ("p", 1), ("p", 2)])
+        _, decision = await _responded(
+            engine, batch, ClientSoftware("wrapper", "1.0"), numbering_from_base=listed
+        )
+        engine.release.set()
+        return await decision.answer
+
+    response = as_read(asyncio.run(scenario()), 9)
+    (topic,) = response.responses
+    (partition,) = topic.partition_responses
+    assert int(partition.base_offset) == base_offset
 
 
 def test_a_batch_answered_without_an_offset_is_numbered_below_zero_for_such_clients() -> None:
