@@ -34,13 +34,10 @@ def resolve(document: PurePosixPath, target: str) -> PurePosixPath:
     """The repository path `target` names from `document`, `..` folded."""
     parts: list[str] = []
     for part in (document.parent / target).parts:
-        if part == "..":
-            if parts:
-                parts.pop()
-            else:
-                parts.append(part)  # above the root: never tracked
+        if part == ".." and parts and parts[-1] != "..":
+            parts.pop()
         elif part != ".":
-            parts.append(part)
+            parts.append(part)  # a ".." left at the front is above the root: never tracked
     return PurePosixPath(*parts)
 
 
@@ -49,6 +46,8 @@ def test_relative_links_are_found_and_resolved() -> None:
     assert relative_links(text) == ["../x/y.md", "results/r/"]
     assert resolve(PurePosixPath("docs/results.md"), "../x/y.md") == PurePosixPath("x/y.md")
     assert resolve(PurePosixPath("README.md"), "../outside") == PurePosixPath("../outside")
+    assert resolve(PurePosixPath("README.md"), "../../x") == PurePosixPath("../../x")
+    assert resolve(PurePosixPath("a/b.md"), "./c/../d") == PurePosixPath("a/d")
 
 
 def test_every_relative_link_names_a_tracked_path() -> None:
