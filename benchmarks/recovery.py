@@ -15,7 +15,8 @@ Redis load, or the snapshot's cost on produce throughput, slot in beside them):
   its hot loop: librdkafka's consume alone, the conversion of a message's headers to Python,
   the shipped fold against other ways of finding the two headers and parsing the sequence
   (all checked to give the same result), and the replay with librdkafka's default fetch
-  settings instead of `dedup.replay.CONSUMER_SETTINGS`.
+  settings instead of `dedup.replay.CONSUMER_SETTINGS`, and read_uncommitted throughout
+  (its isolation before it read committed records up to the last stable offset).
 
 Results go to benchmarks/results/<timestamp>-recovery/ (or --out): ``recovery.csv`` and
 ``recovery.png`` (replay), ``recovery-scan.csv``, ``meta.json``. Timings are informational:
@@ -85,6 +86,10 @@ LIBRDKAFKA_DEFAULT_FETCH = {
     "queued.max.messages.kbytes": "65536",
     "check.crcs": "false",
 }
+
+
+# The replay's isolation before it read committed records below the last stable offset.
+READ_UNCOMMITTED = {"isolation.level": "read_uncommitted"}
 
 
 @dataclass(frozen=True)
@@ -681,6 +686,9 @@ def measure_scan(context: Context, tail: Tail) -> list[ScanRow]:
         for label, config in (
             ("replay_partition, whole tail, shipped settings", {}),
             ("replay_partition, whole tail, librdkafka default fetch", LIBRDKAFKA_DEFAULT_FETCH),
+            # The isolation before the replay read committed records below the last stable
+            # offset: what read_committed costs where no transaction is open.
+            ("replay_partition, whole tail, read_uncommitted", READ_UNCOMMITTED),
         ):
             result = replay_partition(context.bootstrap, topic, 0, 0, end, config=config)
             add(label, end, round_no, result.seconds, "streaming")

@@ -303,6 +303,8 @@ class Recovery:
             identified=replayed.identified,
             producers=len(producers),
             chunked_in_progress=len(chunks),
+            # From there on an open transaction's records counted (`dedup.replay`).
+            read_uncommitted_from=replayed.uncommitted_from,
             seconds=round(seconds, 3),
         )
         return RecoveredPartition(

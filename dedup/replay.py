@@ -10,15 +10,20 @@ sequence and the newest record timestamp.
 How the log is read:
 
 - confluent-kafka's `Consumer` with `assign` (no group membership, no commits; librdkafka
-  wants a ``group.id`` all the same) and ``isolation.level=read_uncommitted``, so that an
-  open transaction cannot hold the replay below its end (read_committed stops at the last
-  stable offset). Records of open and aborted transactions are therefore read and count
-  like any other record (a consumer cannot tell them apart from committed or
-  non-transactional ones). The proxy forwards transactional requests unchecked, so an
-  identity inside a transaction is not part of the dedup state on the produce path; after a
-  replay, a sequence first sent in an aborted transaction reads as persisted, and a re-send
-  of it outside a transaction is dropped as a duplicate. Control records (transaction
-  markers) are never handed to a consumer.
+  wants a ``group.id`` all the same), ``isolation.level=read_committed`` up to the last
+  stable offset, and a second one, ``read_uncommitted``, from there to the end. So a record
+  of a transaction aborted before the replay began does not count: its sequence is not in
+  the log for a read_committed consumer, and a re-send of it outside a transaction is
+  written. (Counted, as before this split, it read as persisted and the re-send was dropped
+  while acknowledged: lost. The proxy forwards transactional requests unchecked, so such an
+  identity is in no state on the produce path either.) Past the last stable offset an
+  open transaction holds read_committed back, and the proxy's own later writes must still be
+  read (its batches are never transactional): there, records of transactions still open
+  when the replay asked count like any other, as a consumer cannot tell them apart
+  (`ReplayResult.uncommitted_from`). Control records (transaction markers) are never handed
+  to a consumer. The proxy's own batches are plain idempotent ones, which neither isolation
+  level ever skips, whatever its fence's aborted transactions (librdkafka and Kafka's Java
+  consumer skip only batches marked transactional).
 - ``end`` is the caller's: the high watermark as a read_uncommitted client sees it
   (librdkafka's default read_committed reports the last stable offset as "high").
 - Offsets are not contiguous (compaction, transaction markers), so the end is found by
@@ -104,7 +109,7 @@ CONSUMER_SETTINGS: Final[Mapping[str, str | int | bool]] = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "enable.partition.eof": True,
-    "isolation.level": "read_uncommitted",
+    "isolation.level": "read_committed",  # up to the last stable offset; past it, uncommitted
     "auto.offset.reset": "error",
     "fetch.max.bytes": 50 * 1024 * 1024,
     "max.partition.fetch.bytes": 8 * 1024 * 1024,
@@ -138,6 +143,9 @@ class ReplayResult:
     # producer -> its latest runs in the replay (`Fold.runs`), the newest last: (first
     # sequence, records, first offset, log append time or -1)
     runs: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+    # The last stable offset when it was below `end`: records from there on were read
+    # uncommitted (a transaction open when the replay asked counts); None: all committed.
+    uncommitted_from: int | None = None
 
 
 def parse_producer(raw: bytes | None) -> str | None:
@@ -480,18 +488,34 @@ def replay_partition(
     settings: dict[str, Any] = {"bootstrap.servers": bootstrap, **CONSUMER_SETTINGS}
     settings.update(config or {})
     consumer = Consumer(settings)
+    uncommitted: Any = None  # the reader past the last stable offset, when one is needed
     # The replay runs in segments that end where a producer was reset, forgetting it there.
     at: dict[int, list[str]] = {}
     for name, offset in (resets or {}).items():
         if start < offset < end:
             at.setdefault(offset, []).append(name)
     try:
+        # read_committed's "high" is the last stable offset (read_uncommitted's, the high
+        # watermark: then nothing is split). It only grows, so everything below it that
+        # was asked for is decided.
+        _low, stable = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=timeout_s
+        )
+        uncommitted_from = stable if start < stable < end else None
+        if stable <= start:  # an open transaction began before the range: all past it
+            uncommitted_from = start
         first: ReplayResult | None = None
         segment_start = start
-        for segment_end in [*sorted(at), end]:
+        bounds = sorted({*at, *([] if uncommitted_from is None else [uncommitted_from])} - {start})
+        for segment_end in [*bounds, end]:
+            reader = consumer
+            if uncommitted_from is not None and segment_start >= uncommitted_from:
+                if uncommitted is None:
+                    uncommitted = Consumer({**settings, "isolation.level": "read_uncommitted"})
+                reader = uncommitted
             fold.end = segment_end
             result = _replay(
-                consumer,
+                reader,
                 topic,
                 partition,
                 segment_start,
@@ -506,11 +530,22 @@ def replay_partition(
                 fold.forget(name)
             segment_start = segment_end
         assert first is not None
-        return _result(topic, partition, first.start, end, fold, first.truncated_start, began)
+        return _result(
+            topic,
+            partition,
+            first.start,
+            end,
+            fold,
+            first.truncated_start,
+            began,
+            uncommitted_from,
+        )
     except KafkaException as exc:
         raise ReplayError(f"replay of {topic}/{partition} failed: {exc}") from exc
     finally:
         consumer.close()
+        if uncommitted is not None:
+            uncommitted.close()
 
 
 def _replay(
@@ -585,7 +620,14 @@ def _replay(
 
 
 def _result(
-    topic: str, partition: int, start: int, end: int, fold: Fold, truncated: bool, began: float
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    fold: Fold,
+    truncated: bool,
+    began: float,
+    uncommitted_from: int | None = None,
 ) -> ReplayResult:
     return ReplayResult(
         topic=topic,
@@ -600,4 +642,5 @@ def _result(
         seconds=time.monotonic() - began,
         chunks=fold.chunks(),
         runs=fold.runs(),
+        uncommitted_from=uncommitted_from,
     )

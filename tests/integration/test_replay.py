@@ -1,5 +1,6 @@
 """Tail replay (`dedup.replay`) against a real Kafka: identities by the header rules, a
-sub-range, transactions (aborted records count: read_uncommitted), a compacted log with
+sub-range, transactions (read_committed up to the last stable offset, uncommitted past
+it), a compacted log with
 gaps, a log start moved by DeleteRecords, and the errors.
 
 Records are written directly to Kafka with confluent-kafka (not through the proxy), so the
@@ -210,11 +211,13 @@ def test_empty_range_returns_at_once_without_kafka() -> None:
 # --------------------------------------------------------------------------- transactions
 
 
-def test_aborted_and_open_transactions_are_read(local_env: EnvInfo, topic: str) -> None:
-    """Chosen behaviour: read_uncommitted. A record of an aborted (or still open) transaction
-    counts like any other (its sequence reads as persisted after the replay); control
+def test_aborted_transactions_do_not_count_and_open_ones_do(local_env: EnvInfo, topic: str) -> None:
+    """read_committed up to the last stable offset: a record of a transaction aborted before
+    the replay does not count (so a re-send of its sequence outside a transaction is
+    written, not dropped while acknowledged); committed and plain records do; control
     records (the markers) are not records and leave gaps the replay steps over, also at the
-    very end of the log."""
+    very end of the log. Past the last stable offset (a transaction still open), records
+    are read uncommitted and count: the proxy's own writes after it must be read."""
     producer = Producer(
         {
             "bootstrap.servers": local_env.bootstrap,
@@ -242,24 +245,32 @@ def test_aborted_and_open_transactions_are_read(local_env: EnvInfo, topic: str) 
     assert high == 7 + 3  # 7 records, 3 markers
 
     result = replay_partition(local_env.bootstrap, topic, 0, 0, high, timeout_s=20)
-    assert {p: s for p, (s, _t) in result.highest.items()} == {
-        "tx": 12,
-        "other": 3,
-        "plain": 7,
-        "late": 50,
-    }
-    assert (result.records, result.identified, result.skipped) == (7, 7, 0)
-    assert result.end == high
+    assert {p: s for p, (s, _t) in result.highest.items()} == {"tx": 1, "other": 3, "plain": 7}
+    assert (result.records, result.identified, result.skipped) == (3, 3, 0)
+    assert (result.end, result.uncommitted_from) == (high, None)
 
-    # An open transaction (no marker yet): its records are read too, up to the high watermark.
+    # An open transaction (no marker yet), then a plain record after it, as the proxy's own
+    # write would be: the last stable offset stays at the open transaction's first record,
+    # and from there on records are read uncommitted, up to the high watermark.
     producer.begin_transaction()
     producer.produce(topic, b"v", partition=0, headers=ident(b"open", b"5"))
     producer.flush(30)
+    produce(local_env.bootstrap, topic, [(ident(b"plain", b"8"), T0 + 1)])
     _low, high_open = high_watermark(local_env.bootstrap, topic)
+    assert high_open == high + 2
     try:
+        result = replay_partition(local_env.bootstrap, topic, 0, 0, high_open, timeout_s=20)
+        assert {p: s for p, (s, _t) in result.highest.items()} == {
+            "tx": 1,
+            "other": 3,
+            "plain": 8,
+            "open": 5,
+        }
+        assert (result.records, result.uncommitted_from) == (5, high)
+        # A range that starts at the open transaction is read uncommitted from its start.
         result = replay_partition(local_env.bootstrap, topic, 0, high, high_open, timeout_s=20)
-        assert result.highest.keys() == {"open"}
-        assert result.records == 1
+        assert result.highest.keys() == {"open", "plain"}
+        assert (result.records, result.uncommitted_from) == (2, high)
     finally:
         producer.abort_transaction(30)
 
