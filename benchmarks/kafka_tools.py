@@ -12,7 +12,8 @@ pass-through (``--no-dedup``) and through the proxy with dedup on.
 The targets are interleaved (direct, pass-through, dedup, direct, ...) for R rounds; the
 summary is the median per target and its ratio to direct. Around every measurement the
 proxy's CPU (from /proc) and, for dedup, Redis' CPU (INFO cpu) and EVALSHA calls are read.
-``--profile`` then records a py-spy flame graph of the dedup proxy under the producer load.
+``--profile`` then records a py-spy flame graph of each proxy (dedup, pass-through) under the
+producer load.
 The environment, proxies, probes and output helpers are `benchmarks.passthrough`'s.
 """
 
@@ -441,29 +442,32 @@ def progress_text(row: ToolRow) -> str:
 
 
 def profile(bench: Bench) -> None:
-    """A flame graph of the dedup proxy under each producer load (not a measurement)."""
-    proxy = bench.stage.proxies[DEDUP]
-    for size in RECORD_SIZES:
-        topic = bench.stage.create_topic(f"profile-{size}b")
-        svg = bench.settings.out / f"flame-dedup-{size}b.svg"
-        records = bench.settings.producer_records[size]
-        try:
-            with flame_graph(proxy.process.pid, svg, bench.settings.out / "py-spy.log"):
-                summary, _ = run_producer(
-                    bench.stage.bootstraps[DEDUP],
-                    topic,
-                    records,
-                    size,
-                    "bench-kt-profile",
-                    bench.log,
-                )
-        except ProfilerError as exc:
-            raise BenchmarkError(str(exc)) from exc
-        bench.stage.meta.setdefault("profiles", {})[svg.name] = asdict(summary)
-        bench.stage.say(
-            f"flame graph {svg.name}: dedup at {summary.records_per_s:,.0f} rec/s while sampled"
-        )
-        bench.stage.topics.delete(topic)
+    """A flame graph of each proxy, dedup and pass-through, under each producer load (not a
+    measurement): the pass-through's shows what relaying alone costs, below dedup's."""
+    for target, label in ((DEDUP, "dedup"), (PASSTHROUGH, "passthrough")):
+        proxy = bench.stage.proxies[target]
+        for size in RECORD_SIZES:
+            topic = bench.stage.create_topic(f"profile-{label}-{size}b")
+            svg = bench.settings.out / f"flame-{label}-{size}b.svg"
+            records = bench.settings.producer_records[size]
+            try:
+                with flame_graph(proxy.process.pid, svg, bench.settings.out / "py-spy.log"):
+                    summary, _ = run_producer(
+                        bench.stage.bootstraps[target],
+                        topic,
+                        records,
+                        size,
+                        "bench-kt-profile",
+                        bench.log,
+                    )
+            except ProfilerError as exc:
+                raise BenchmarkError(str(exc)) from exc
+            bench.stage.meta.setdefault("profiles", {})[svg.name] = asdict(summary)
+            bench.stage.say(
+                f"flame graph {svg.name}: {label} at {summary.records_per_s:,.0f} rec/s"
+                " while sampled"
+            )
+            bench.stage.topics.delete(topic)
 
 
 # ----------------------------------------------------------------------------- summary
@@ -705,7 +709,7 @@ def parse_args(argv: list[str] | None) -> Settings:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="then record py-spy flame graphs of the dedup proxy (SVG)",
+        help="then record py-spy flame graphs of both proxies (SVG)",
     )
     parser.add_argument(
         "--only",

@@ -245,6 +245,22 @@ def test_fetch_whose_records_name_an_upstream_host_is_not_decoded() -> None:
     assert out is payload
 
 
+def test_the_host_search_follows_the_brokers_the_topology_knows() -> None:
+    """The host names searched for are kept with the brokers (not built per response): a
+    broker added by a partial list is searched for, one a complete list drops is not."""
+    topology = Topology([Endpoint("kafka-a", 9092)], "proxy.example", broker_port_base=40000)
+    payload = b"..kafka-4..kafka-5.."
+    assert not topology.names_upstream_host(payload, 0)  # no broker seen yet
+    asyncio.run(topology.observe([(4, "kafka-4", 9092)], complete=True))
+    assert topology.names_upstream_host(payload, 0)
+    assert not topology.names_upstream_host(payload, payload.index(b"kafka-5"))
+    asyncio.run(topology.observe([(5, "kafka-5", 9092)], complete=False))
+    assert topology.names_upstream_host(payload, payload.index(b"kafka-5"))
+    asyncio.run(topology.observe([(6, "kafka-6", 9093), (7, "kafka-6", 9094)], complete=True))
+    assert topology.upstream_hosts() == (b"kafka-6",)
+    assert not topology.names_upstream_host(payload, 0)
+
+
 def test_produce_node_endpoints_rewritten() -> None:
     context, topology, _ = make_context()
     asyncio.run(topology.observe([(4, "kafka-4", 9092)], complete=True))

@@ -92,6 +92,8 @@ def test_a_large_request_the_hand_decoder_leaves_is_kios_to_refuse() -> None:
 class _HeldEngine:
     """An engine whose every request is written when the test says (or fails with `error`)."""
 
+    base_offset = 5  # what every write is answered
+
     def __init__(self, error: Exception | None = None) -> None:
         self.release = asyncio.Event()
         self.written = 0
@@ -113,8 +115,6 @@ class _HeldEngine:
             raise self.error
         self.written += 1
         return {("t", 0): PartitionAnswer(base_offset=self.base_offset)}
-
-    base_offset = 5  # what every write is answered
 
 
 async def _responded(
