@@ -105,7 +105,7 @@ class Topology:
         self.node_id_offset = node_id_offset
         self._upstream: dict[int, Endpoint] = {}
         # Their host names as on the wire, kept with them: every response is searched for
-        # them, and building them per response cost the pass-through about 1 % of its CPU.
+        # them, and building them per response took 0.7 % of the pass-through's samples.
         self._upstream_hosts: tuple[bytes, ...] = ()
         self._reconciler: ListenerReconciler | None = None
         self._lock = asyncio.Lock()
