@@ -1,7 +1,6 @@
 """Tail replay (`dedup.replay`) against a real Kafka: identities by the header rules, a
 sub-range, transactions (read_committed up to the last stable offset, uncommitted past
-it), a compacted log with
-gaps, a log start moved by DeleteRecords, and the errors.
+it), a compacted log with gaps, a log start moved by DeleteRecords, and the errors.
 
 Records are written directly to Kafka with confluent-kafka (not through the proxy), so the
 log holds exactly what each test says, bad identities included.
