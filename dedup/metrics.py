@@ -95,6 +95,11 @@ RECOVERY_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
 )
 REPLAYED_RECORDS = Counter("dedup_replayed_records_total", "Records read by recovery replays")
+REPLAYS_PAST_OPEN_TRANSACTIONS = Counter(
+    "dedup_replays_past_open_transactions_total",
+    "Replays that counted records of a transaction still open after replay_transaction_wait_s "
+    "(should it abort, a re-send of its sequences outside a transaction is dropped)",
+)
 RECOVERING = Gauge(
     "dedup_partitions_recovering", "Partitions whose produce requests wait for a recovery"
 )

@@ -18,7 +18,9 @@ For a set of partitions, in this order:
 3. Read the stored snapshots (`dedup.snapshots`): the newest readable one whose offset is
    not past the end (a snapshot past the end belongs to a log that has since been
    truncated, so it is not trusted); none: replay from the start of the log.
-4. Replay [snapshot offset, end) reading each record's identity headers (`dedup.replay`).
+4. Replay [snapshot offset, end) reading each record's identity headers (`dedup.replay`),
+   once the transactions open below the end have ended or a bound has passed
+   (`dedup.open_transactions`).
 5. Merge (highest sequence and latest last-seen per producer; the chunked message in
    progress, which the replay continued from the snapshot's, where it is above the
    producer's highest complete sequence), keep the most recently seen ``max_producers``, and
@@ -30,6 +32,7 @@ Partitions are independent after step 1: one failing does not hold back the othe
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -37,12 +40,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from dedup import metrics
 from dedup.batches import IdentityHeaders
 from dedup.chunks import ChunkProgress
 from dedup.fencing import Fencer
+from dedup.open_transactions import Waited, wait_for_open_transactions, watermarks_consumer
 from dedup.ownership.leases import UNKNOWN, Held, Lease, PartitionLeases
 from dedup.replay import ReplayResult, replay_partition
 from dedup.snapshots import APPENDS_PER_PRODUCER, Snapshot, SnapshotStore, StoredSnapshots
@@ -117,6 +121,7 @@ class Recovery:
         max_producers: int,
         parallel_replays: int = 4,
         replay_timeout_s: float = 60.0,
+        replay_transaction_wait_s: float = 60.0,
         kafka_config: Mapping[str, Any] | None = None,
     ) -> None:
         """``kafka_config``: librdkafka settings added to its consumers' (security)."""
@@ -131,6 +136,7 @@ class Recovery:
         self._max_producers = max_producers
         self._replays = asyncio.Semaphore(parallel_replays)
         self._replay_timeout_s = replay_timeout_s
+        self._replay_transaction_wait_s = replay_transaction_wait_s
 
     async def run(
         self, partitions: Sequence[_Key]
@@ -183,9 +189,14 @@ class Recovery:
                 metrics.LEASES.labels("taken_over").inc()
         await self._fence(suspects)
         marks = await asyncio.to_thread(self._watermarks, mine)
+        # Asked after the ends: one at or past a partition's end means no transaction is
+        # open below it (the last stable offset only grows).
+        stable = await asyncio.to_thread(functools.partial(self._watermarks, mine, committed=True))
         outcomes = await asyncio.gather(
             *(
-                self._recover(key, marks[key], stored[key], started, leases[key], ids[key[0]])
+                self._recover(
+                    key, marks[key], stable[key][1], stored[key], started, leases[key], ids[key[0]]
+                )
                 for key in mine
             ),
             return_exceptions=True,
@@ -235,6 +246,7 @@ class Recovery:
         self,
         key: _Key,
         marks: tuple[int, int],
+        stable: int,
         stored: StoredSnapshots,
         started: float,
         lease: Lease,
@@ -251,6 +263,24 @@ class Recovery:
         start = 0 if snapshot is None else snapshot.offset
         if snapshot is not None:
             snapshot = without_reset(snapshot, stored.resets)
+        waited = Waited(stable, 0.0)
+        if not waited.decided(end) and self._replay_transaction_wait_s > 0:
+            # Outside the replays' limit: it may take until Kafka aborts a dead client's.
+            log.info(
+                "waiting for a transaction open in the log to end before the replay",
+                topic=topic,
+                partition=partition,
+                last_stable_offset=stable,
+                end=end,
+                wait_s=self._replay_transaction_wait_s,
+            )
+            waited = await wait_for_open_transactions(
+                self._bootstrap,
+                self._kafka_config,
+                TopicPartition(topic, partition),
+                end,
+                self._replay_transaction_wait_s,
+            )
         async with self._replays:
             replayed = await asyncio.to_thread(
                 replay_partition,
@@ -269,6 +299,17 @@ class Recovery:
                 else {p: c.progress for p, c in snapshot.chunks.items()},
             )
         metrics.REPLAYED_RECORDS.inc(replayed.records)
+        if replayed.uncommitted_from is not None:
+            # Should that transaction abort, a re-send of its sequences is dropped (README).
+            metrics.REPLAYS_PAST_OPEN_TRANSACTIONS.inc()
+            log.warning(
+                "a transaction stayed open past the replay's wait; its records counted",
+                topic=topic,
+                partition=partition,
+                read_uncommitted_from=replayed.uncommitted_from,
+                end=end,
+                waited_s=round(waited.seconds, 3),
+            )
         if replayed.truncated_start:
             log.warning(
                 "the log no longer starts at the replay's start; replayed from its start",
@@ -305,6 +346,7 @@ class Recovery:
             chunked_in_progress=len(chunks),
             # From there on an open transaction's records counted (`dedup.replay`).
             read_uncommitted_from=replayed.uncommitted_from,
+            waited_for_transactions_s=round(waited.seconds, 3),
             seconds=round(seconds, 3),
         )
         return RecoveredPartition(
@@ -393,20 +435,14 @@ class Recovery:
             chunks = {p: v for p, v in chunks.items() if p in kept}
         return merged, chunks
 
-    def _watermarks(self, partitions: Sequence[_Key]) -> dict[_Key, tuple[int, int]]:
-        """Each partition's log start offset and high watermark (its end)."""
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self._bootstrap,
-                "group.id": "dedup-proxy-recovery",
-                "enable.auto.commit": False,
-                # The high watermark, not the last stable offset: a client's open
-                # transaction must not hide the proxy's own later writes from the replay.
-                "isolation.level": "read_uncommitted",
-                "allow.auto.create.topics": False,
-                **self._kafka_config,
-            }
-        )
+    def _watermarks(
+        self, partitions: Sequence[_Key], *, committed: bool = False
+    ) -> dict[_Key, tuple[int, int]]:
+        """Each partition's log start offset and high watermark (its end), or with
+        ``committed`` its last stable offset instead. The end is the high watermark: a
+        client's open transaction must not hide the proxy's own later writes from the
+        replay."""
+        consumer = watermarks_consumer(self._bootstrap, self._kafka_config, committed=committed)
         try:
             return {
                 (topic, partition): consumer.get_watermark_offsets(

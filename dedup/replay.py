@@ -16,14 +16,16 @@ How the log is read:
   the log for a read_committed consumer, and a re-send of it outside a transaction is
   written. (Counted, as before this split, it read as persisted and the re-send was dropped
   while acknowledged: lost. The proxy forwards transactional requests unchecked, so such an
-  identity is in no state on the produce path either.) Past the last stable offset an
-  open transaction holds read_committed back, and the proxy's own later writes must still be
-  read (its batches are never transactional): there, records of transactions still open
-  when the replay asked count like any other, as a consumer cannot tell them apart
-  (`ReplayResult.uncommitted_from`). Control records (transaction markers) are never handed
-  to a consumer. The proxy's own batches are plain idempotent ones, which neither isolation
-  level ever skips, whatever its fence's aborted transactions (librdkafka and Kafka's Java
-  consumer skip only batches marked transactional).
+  identity is in no state on the produce path either.) A transaction open below the end
+  holds the last stable offset back; a recovery waits for it to end before it replays
+  (`dedup.open_transactions`). Past a last stable offset still below the end, a
+  read_committed reader would stop short of the proxy's own later writes (its batches are
+  never transactional): there, records of the transactions still open count like any other,
+  as a consumer cannot tell them apart (`ReplayResult.uncommitted_from`). Control records
+  (transaction markers) are never handed to a consumer. The proxy's own batches are plain
+  idempotent ones, which neither isolation level ever skips, whatever its fence's aborted
+  transactions (librdkafka and Kafka's Java consumer skip only batches marked
+  transactional).
 - ``end`` is the caller's: the high watermark as a read_uncommitted client sees it
   (librdkafka's default read_committed reports the last stable offset as "high").
 - Offsets are not contiguous (compaction, transaction markers), so the end is found by
@@ -495,19 +497,19 @@ def replay_partition(
         if start < offset < end:
             at.setdefault(offset, []).append(name)
     try:
-        # read_committed's "high" is the last stable offset (read_uncommitted's, the high
-        # watermark: then nothing is split). It only grows, so everything below it that
-        # was asked for is decided.
-        _low, stable = consumer.get_watermark_offsets(
+        # read_committed's watermarks: the log start and the last stable offset (a
+        # read_uncommitted client's "high" is the high watermark). The last stable offset
+        # only grows: everything below it was decided before the replay read it.
+        low, stable = consumer.get_watermark_offsets(
             TopicPartition(topic, partition), timeout=timeout_s
         )
-        uncommitted_from = stable if start < stable < end else None
-        if stable <= start:  # an open transaction began before the range: all past it
-            uncommitted_from = start
+        uncommitted_from = None if stable >= end else max(start, stable)
+        bounds = set(at)
+        if uncommitted_from is not None and uncommitted_from > start:
+            bounds.add(uncommitted_from)
         first: ReplayResult | None = None
         segment_start = start
-        bounds = sorted({*at, *([] if uncommitted_from is None else [uncommitted_from])} - {start})
-        for segment_end in [*bounds, end]:
+        for segment_end in [*sorted(bounds), end]:
             reader = consumer
             if uncommitted_from is not None and segment_start >= uncommitted_from:
                 if uncommitted is None:
@@ -524,6 +526,7 @@ def replay_partition(
                 progress,
                 timeout_s,
                 began,
+                log_start=low if first is None else None,
             )
             first = first or result
             for name in at.get(segment_end, ()):
@@ -558,10 +561,16 @@ def _replay(
     progress: Callable[[int, int], None] | None,
     timeout_s: float,
     began: float,
+    log_start: int | None = None,
 ) -> ReplayResult:
+    """One segment, ``[start, end)``; ``log_start`` when the caller has just asked it."""
     where = f"{topic}/{partition}"
     truncated = False
-    low, _high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+    low = log_start
+    if low is None:
+        low, _high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=timeout_s
+        )
     if start < low:
         start, truncated = low, True
         if start >= end:

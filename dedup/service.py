@@ -159,6 +159,7 @@ class DedupService:
                 topic_ids,
                 max_producers=settings.max_producers_per_snapshot,
                 replay_timeout_s=settings.replay_timeout_s,
+                replay_transaction_wait_s=settings.replay_transaction_wait_s,
                 kafka_config=kafka_config,
             ),
             first_sequence_wait_s=settings.first_sequence_wait_s,

@@ -192,6 +192,13 @@ class DedupSettings(BaseSettings):
     replay_timeout_s: float = Field(
         default=60.0, gt=0, description="a replay that makes no progress this long fails"
     )
+    replay_transaction_wait_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="a replay that finds a transaction open in the log waits this long for "
+        "it to end (Kafka aborts a dead client's after its transaction.timeout.ms, 60 s by "
+        "default); past it, that transaction's records count as if committed",
+    )
     produce_connections_per_broker: int = Field(
         default=4,
         ge=1,

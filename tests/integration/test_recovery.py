@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,22 +194,7 @@ def test_a_sequence_of_an_aborted_transaction_is_written_when_resent_after_a_rec
     topic = new_topic(local_env.bootstrap)
     first = restartable.start()
     blind_resend(first, topic, "p-aborted", range(3))
-    transactional = Producer(
-        {
-            "bootstrap.servers": first.bootstrap,
-            "transactional.id": f"aborted-{uuid.uuid4().hex[:8]}",
-        }
-    )
-    transactional.init_transactions(30)
-    transactional.begin_transaction()
-    for sequence in (3, 4):
-        transactional.produce(
-            topic,
-            str(sequence).encode(),
-            partition=0,
-            headers=[(HEADER_PRODUCER, b"p-aborted"), (HEADER_SEQUENCE, b"%d" % sequence)],
-        )
-    assert transactional.flush(30) == 0
+    transactional = _open_transaction(first.bootstrap, topic, "p-aborted", (3, 4))
     transactional.abort_transaction(30)
     restartable.kill()
     redis.Redis.from_url(restartable.redis_url).flushdb()  # the log is all that is left
@@ -216,6 +202,85 @@ def test_a_sequence_of_an_aborted_transaction_is_written_when_resent_after_a_rec
     blind_resend(second, topic, "p-aborted", range(5))
     assert_topic_is(local_env.bootstrap, topic, 5)
     assert recoveries(restartable, topic=topic, identified=3), "the aborted two counted"
+
+
+def test_a_transaction_open_at_the_recovery_is_waited_for_and_its_abort_respected(
+    rare_snapshots: RestartableProxy, local_env: EnvInfo
+) -> None:
+    """A transaction still open when the partition is recovered holds the last stable
+    offset back: the replay waits for it (`replay_transaction_wait_s`). It aborts during
+    the wait, so its sequences do not count and their re-send outside a transaction is
+    written. (Counted as read uncommitted, they were dropped while acknowledged: lost.)
+    The transactional client writes to Kafka directly: its requests would pass the proxy
+    unchecked, and it must outlive the proxy it would otherwise be connected to."""
+    restartable = rare_snapshots
+    topic = new_topic(local_env.bootstrap)
+    first = restartable.start()
+    blind_resend(first, topic, "p-open", range(3))
+    transactional = _open_transaction(local_env.bootstrap, topic, "p-open", (3, 4))
+    restartable.kill()
+    redis.Redis.from_url(restartable.redis_url).flushdb()  # the log is all that is left
+    second = restartable.start()
+    aborting = threading.Timer(3.0, transactional.abort_transaction, args=(30,))
+    aborting.start()
+    try:
+        blind_resend(second, topic, "p-open", range(5))
+    finally:
+        aborting.join()
+    assert_topic_is(local_env.bootstrap, topic, 5)
+    (line,) = recoveries(restartable, topic=topic, identified=3)
+    recovered = json.loads(line)
+    assert recovered["read_uncommitted_from"] is None, line
+    assert recovered["waited_for_transactions_s"] > 0, line
+
+
+def test_a_transaction_still_open_after_the_wait_counts_with_a_warning(
+    local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """Past `replay_transaction_wait_s` the replay reads on uncommitted from the open
+    transaction's first record, and its records count (the README's limit): the recovery
+    says so in a warning and a metric."""
+    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_REPLAY_TRANSACTION_WAIT_S="1")
+    topic = new_topic(local_env.bootstrap)
+    transactional = None
+    try:
+        blind_resend(restartable.start(), topic, "p-still-open", range(3))
+        transactional = _open_transaction(local_env.bootstrap, topic, "p-still-open", (3, 4))
+        restartable.kill()
+        redis.Redis.from_url(restartable.redis_url).flushdb()
+        second = restartable.start()
+        blind_resend(second, topic, "p-still-open", range(3))  # all three below the open two
+        (line,) = recoveries(restartable, topic=topic, identified=5, read_uncommitted_from=3)
+        assert 1 <= json.loads(line)["waited_for_transactions_s"] < 10, line  # the setting's
+        (warning,) = restartable.log_lines("a transaction stayed open past the replay's wait")
+        assert f'"topic": "{topic}"' in warning, warning
+        assert metric_total(second, "dedup_replays_past_open_transactions_total") == 1
+    finally:
+        if transactional is not None:
+            transactional.abort_transaction(30)
+        restartable.stop()
+    assert_topic_is(local_env.bootstrap, topic, 3)
+
+
+def _open_transaction(
+    bootstrap: str, topic: str, producer: str, sequences: Iterable[int]
+) -> Producer:
+    """A transactional client that wrote ``sequences`` under ``producer``'s identity to
+    partition 0 and has not ended its transaction."""
+    transactional = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"}
+    )
+    transactional.init_transactions(30)
+    transactional.begin_transaction()
+    for sequence in sequences:
+        transactional.produce(
+            topic,
+            str(sequence).encode(),
+            partition=0,
+            headers=[(HEADER_PRODUCER, producer.encode()), (HEADER_SEQUENCE, b"%d" % sequence)],
+        )
+    assert transactional.flush(30) == 0
+    return transactional
 
 
 def test_graceful_stop_snapshots_so_the_restart_replays_nothing(

@@ -8,6 +8,7 @@ log holds exactly what each test says, bad identities included.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -18,6 +19,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from dedup.batches import HEADER_PRODUCER, HEADER_SEQUENCE, IdentityHeaders
+from dedup.open_transactions import wait_for_open_transactions
 from dedup.replay import SEQUENCE_MAX, ReplayError, ReplayResult, replay_partition
 from deploy.local import EnvInfo
 from tests.support.topics import new_topic
@@ -272,6 +274,53 @@ def test_aborted_transactions_do_not_count_and_open_ones_do(local_env: EnvInfo, 
         assert (result.records, result.uncommitted_from) == (2, high)
     finally:
         producer.abort_transaction(30)
+
+
+async def test_a_transaction_open_below_the_end_is_waited_for(
+    local_env: EnvInfo, topic: str
+) -> None:
+    """A transaction open below the end holds the last stable offset back
+    (`dedup.open_transactions`). A wait that runs out says where it stands; one during which
+    the transaction aborts ends with it, and the replay after it reads everything committed:
+    the aborted record does not count."""
+    producer = Producer(
+        {
+            "bootstrap.servers": local_env.bootstrap,
+            "transactional.id": f"replay-wait-{uuid.uuid4().hex[:8]}",
+            "linger.ms": 0,
+        }
+    )
+    producer.init_transactions(30)
+    produce(local_env.bootstrap, topic, [(ident(b"plain", b"1"), T0)])
+    producer.begin_transaction()
+    producer.produce(topic, b"v", partition=0, headers=ident(b"open", b"5"))
+    producer.flush(30)
+    produce(local_env.bootstrap, topic, [(ident(b"plain", b"2"), T0 + 1)])
+    _low, high = high_watermark(local_env.bootstrap, topic)
+    assert high == 3
+    where = TopicPartition(topic, 0)
+
+    once = await wait_for_open_transactions(local_env.bootstrap, {}, where, high, 0)
+    assert (once.stable, once.decided(high)) == (1, False)
+    ran_out = await wait_for_open_transactions(local_env.bootstrap, {}, where, high, 0.5)
+    assert (ran_out.stable, ran_out.decided(high)) == (1, False)
+    assert 0.5 <= ran_out.seconds < 10
+
+    aborting = threading.Timer(1.0, producer.abort_transaction, args=(30,))
+    aborting.start()
+    try:
+        ended = await wait_for_open_transactions(local_env.bootstrap, {}, where, high, 60)
+    finally:
+        aborting.join()
+    assert ended.decided(high) and 1.0 <= ended.seconds < 60, ended
+    result = replay_partition(local_env.bootstrap, topic, 0, 0, high, timeout_s=20)
+    assert {p: s for p, (s, _t) in result.highest.items()} == {"plain": 2}
+    assert (result.records, result.end, result.uncommitted_from) == (2, high, None)
+
+
+async def test_a_negative_wait_is_refused() -> None:
+    with pytest.raises(ValueError, match="wait_s"):
+        await wait_for_open_transactions("unused:9092", {}, TopicPartition("t", 0), 1, -1)
 
 
 # --------------------------------------------------------------------------- gaps, log start
