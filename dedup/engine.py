@@ -3,7 +3,9 @@
 For one client Produce request:
 
 1. A transactional request, or one whose topics all have dedup disabled, is not touched:
-   the caller forwards it to Kafka as it is. Every other request takes its place in line on
+   the caller forwards it to Kafka as it is (a transactional one from an authenticated
+   client once the producer names it carries are checked against their principals: a
+   committed one counts at a recovery). Every other request takes its place in line on
    each of its partitions as it arrives; on a partition, requests are checked and written in
    that order, so a later one never reaches the log ahead of an earlier one.
 2. Each partition's batches are read (`dedup.batches`): identity per record, bad input
@@ -89,6 +91,7 @@ from dedup.ports import Clock, Owners, Policies, StateStore, TopicIdLookup, Writ
 from dedup.recent_appends import Append, RecentAppends
 from dedup.recovery import RecoveredPartition
 from dedup.recovery_scheduler import RecoveryScheduler
+from dedup.replay import parse_producer
 from dedup.sequence_gaps import SequenceGaps
 from dedup.state import (
     PartitionCheck,
@@ -529,6 +532,56 @@ class DedupEngine:
             answers[item.key] = item.answer
         return answers
 
+    async def refuse_foreign_names_in_transaction(
+        self, request: Any, principal: str | None
+    ) -> dict[Key, PartitionAnswer] | None:
+        """A transactional request from an authenticated client, before it is forwarded
+        unchecked: None to forward it, else every partition's answer, nothing forwarded.
+
+        Its records are not checked, but once committed the identities they carry count at
+        a recovery's replay (`dedup.replay`), so a producer name bound to another principal
+        is refused here as outside a transaction (`dedup.bindings`), and so is a batch that
+        cannot be read within the limits every produce request is read within (its names
+        unknown). The request is forwarded whole or not at all: its other partitions are
+        answered not written, retriable; the client's transaction then has to abort."""
+        if request.transactional_id is None or principal is None or self._bindings is None:
+            return None
+        snapshot = await self._policies.snapshot()
+        parts = _partition_data(request)
+        refused: dict[Key, PartitionAnswer] = {}
+        for (topic, partition), data in parts.items():
+            if snapshot.mode_for(topic) is Mode.DISABLED:
+                continue
+            data = data or b""
+            try:
+                if _read_in_thread(data):
+                    batches = await asyncio.to_thread(
+                        read_batches, data, self._headers, limits=self._limits
+                    )
+                else:
+                    batches = read_batches(data, self._headers, limits=self._limits)
+            except BadBatch as bad:
+                metrics.BAD_INPUT.labels(ErrorCode(bad.error_code).name).inc()
+                refused[(topic, partition)] = PartitionAnswer(
+                    bad.error_code, error_message=bad.message
+                )
+                continue
+            names = _named(batches, self._headers.producer)
+            if not names:
+                continue
+            try:
+                foreign = await self._bindings.foreign(topic, names, principal)
+            except RedisError as exc:
+                log.error("producer bindings unavailable; refusing the request", error=str(exc))
+                refused[(topic, partition)] = _not_written("dedup state unavailable")
+                continue
+            if foreign:
+                refused[(topic, partition)] = _foreign_name(topic, partition, foreign, principal)
+        if not refused:
+            return None
+        whole = _not_written("another partition of this transactional request was refused")
+        return {key: refused.get(key, whole) for key in parts}
+
     # ------------------------------------------------------------- 2. read
 
     async def _read(self, item: _Work, data: bytes | None, budget: int) -> None:
@@ -539,9 +592,7 @@ class DedupEngine:
         if budget < limits.max_decompressed_bytes:
             limits = replace(limits, max_decompressed_bytes=max(budget, 0))
         try:
-            if len(data) > READ_IN_THREAD_BYTES or (
-                len(data) > _ATTRIBUTES_LOW_BYTE and data[_ATTRIBUTES_LOW_BYTE] & 0x07
-            ):
+            if _read_in_thread(data):
                 item.batches, item.prepared = await asyncio.to_thread(
                     _read_and_prepare, data, self._headers, limits, item.mode is not Mode.DISABLED
                 )
@@ -1236,24 +1287,7 @@ class DedupEngine:
                 self._refuse(item, _not_written("dedup state unavailable"))
                 continue
             if foreign:
-                name, owner = sorted(foreign.items())[0]
-                metrics.BAD_INPUT.labels("foreign_producer").inc()
-                log.warning(
-                    "refusing records under another principal's producer name",
-                    topic=item.topic,
-                    partition=item.partition,
-                    producer=name,
-                    owner=owner,
-                    principal=principal,
-                )
-                self._refuse(
-                    item,
-                    PartitionAnswer(
-                        ErrorCode.topic_authorization_failed,
-                        error_message=f"producer {name!r} on topic {item.topic} belongs to "
-                        f"{owner}, not {principal}",
-                    ),
-                )
+                self._refuse(item, _foreign_name(item.topic, item.partition, foreign, principal))
 
     def note_policies(self, snapshot: PolicySnapshot) -> None:
         """With the maps in memory: those of partitions whose topic has dedup disabled in a
@@ -1302,6 +1336,46 @@ def _read_and_prepare(
     event loop then only stamps the header of a large batch."""
     batches = read_batches(data, headers, limits=limits)
     return batches, [made_ahead(batch, headers, add_identity_headers) for batch in batches]
+
+
+def _read_in_thread(data: bytes) -> bool:
+    """Whether a partition's records are read in a worker thread: large or compressed."""
+    return len(data) > READ_IN_THREAD_BYTES or (
+        len(data) > _ATTRIBUTES_LOW_BYTE and bool(data[_ATTRIBUTES_LOW_BYTE] & 0x07)
+    )
+
+
+def _named(batches: Sequence[IncomingBatch], producer_header: str) -> set[str]:
+    """Every producer the records' identity headers name, read as a recovery's replay reads
+    them (`dedup.replay`): transactional batches, whose records carry no identity on the
+    produce path, included."""
+    return {
+        name
+        for batch in batches
+        for record in batch.records
+        for header, raw in record.headers
+        if header == producer_header and (name := parse_producer(raw)) is not None
+    }
+
+
+def _foreign_name(
+    topic: str, partition: int, foreign: dict[str, str], principal: str
+) -> PartitionAnswer:
+    """The refusal of a partition batch naming producers bound to other principals."""
+    name, owner = sorted(foreign.items())[0]
+    metrics.BAD_INPUT.labels("foreign_producer").inc()
+    log.warning(
+        "refusing records under another principal's producer name",
+        topic=topic,
+        partition=partition,
+        producer=name,
+        owner=owner,
+        principal=principal,
+    )
+    return PartitionAnswer(
+        ErrorCode.topic_authorization_failed,
+        error_message=f"producer {name!r} on topic {topic} belongs to {owner}, not {principal}",
+    )
 
 
 def _partition_data(request: Any) -> dict[Key, bytes | None]:

@@ -4,7 +4,8 @@ A request filter (`proxy.runtime.chain`). A Produce request whose topics have de
 enabled is decoded, run through the engine (check, rebuild, idempotent write), and
 answered by the proxy in the client's version. Anything else (transactional, dedup
 disabled everywhere it writes) is forwarded as it is, undecoded where no policy can
-enable dedup at all.
+enable dedup at all; a transactional one from an authenticated client only once the
+producer names it carries are its principal's (`DedupEngine.refuse_foreign_names_in_transaction`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class DedupProduceFilter:
         if not await self._engine.dedup_anywhere():
             return Forward()
         request: Any = await _decoded(frame)  # one kio class per version, the same fields
+        refused = await self._engine.refuse_foreign_names_in_transaction(
+            request, context.identity.principal
+        )
+        if refused is not None:
+            return Respond.now(produce_answer(frame.header.api_version, refused, request))
         admission = await self._engine.admit(
             request, context.identity.principal, context.connection
         )

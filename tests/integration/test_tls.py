@@ -31,8 +31,9 @@ from typing import Any
 
 import kio.schema.api_versions.v0.request as api_versions_v0
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
+from dedup.batches import HEADER_PRODUCER, HEADER_SEQUENCE
 from dedup.client import DedupProducer
 from deploy.launcher import ProxyProcess
 from deploy.local import EnvInfo
@@ -395,6 +396,77 @@ def test_a_producer_name_belongs_to_the_principal_that_used_it_first(
         assert json.load(answer)["released"] is True
     assert send_as(sasl_proxy, other, topic, "orders", range(10, 12)) == []
     assert principals(sasl_proxy, topic)["orders"] == "User:proxy"
+
+
+def test_a_transaction_cannot_commit_records_under_another_principals_name(
+    sasl_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls
+) -> None:
+    """Transactional requests pass the proxy unchecked, but a committed record's identity
+    counts at the next recovery: user `proxy` must not commit records under `tx-orders`,
+    which user `client` owns, or `client`'s own later records would be dropped. The
+    request is refused whole (nothing written, the transaction aborts); under a name of its
+    own the same transaction commits."""
+    topic = new_topic(local_env.bootstrap, partitions=2)
+    owner = DedupProducer(sasl_proxy.bootstrap, "tx-orders", **client_sasl(certs, "PLAIN"))
+    for n in range(3):
+        owner.send(topic, f"real-{n}".encode(), sequence_id=n, partition=0)
+    assert owner.flush(60) == 0
+    other = client_sasl(certs, "SCRAM-SHA-512") | {
+        "sasl.username": "proxy",
+        "sasl.password": certs.sasl_users["proxy"],
+    }
+
+    def in_transaction(name: str, sequences: range) -> list[str]:
+        """A new transactional client (librdkafka keeps a topic it was refused on refused)
+        sends ``name``'s sequences to partition 0 and one plain record to partition 1 in one
+        transaction, and commits it if every delivery succeeded, else aborts it."""
+        failures: list[str] = []
+        forger = Producer(
+            other
+            | {
+                "bootstrap.servers": sasl_proxy.bootstrap,
+                "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
+            }
+        )
+        forger.init_transactions(30)
+
+        def on_delivery(error: Any, _message: object) -> None:
+            if error is not None:
+                failures.append(error.name())
+
+        forger.begin_transaction()
+        try:
+            for n in sequences:
+                headers = [(HEADER_PRODUCER, name.encode()), (HEADER_SEQUENCE, b"%d" % n)]
+                value = f"{name}-{n}".encode()
+                forger.produce(topic, value, partition=0, headers=headers, on_delivery=on_delivery)
+            forger.produce(topic, f"plain-{name}".encode(), partition=1, on_delivery=on_delivery)
+            forger.flush(60)
+        except KafkaException as exc:  # the transaction failed: no more records taken
+            failures.append(exc.args[0].name())
+        if failures:
+            forger.abort_transaction(30)
+        else:
+            forger.commit_transaction(30)
+        return failures
+
+    refused = in_transaction("tx-orders", range(3, 6))
+    assert "TOPIC_AUTHORIZATION_FAILED" in refused, refused
+    assert in_transaction("tx-audit", range(2)) == []
+
+    def written(partition: int, isolation: str) -> list[bytes]:
+        config = {"isolation.level": isolation, **kafka_tls(certs)}
+        return [v for v, _ in read_all(local_env.tls_bootstrap, topic, partition, **config)]
+
+    # Not even an aborted trace: the forged batch never reached Kafka.
+    expected = [b"real-0", b"real-1", b"real-2", b"tx-audit-0", b"tx-audit-1"]
+    assert written(0, "read_uncommitted") == expected
+    assert written(0, "read_committed") == expected
+    assert written(1, "read_committed") == [b"plain-tx-audit"]
+    assert principals(sasl_proxy, topic) == {
+        "tx-orders": "User:client",
+        "tx-audit": "User:proxy",
+    }
 
 
 def send_as(

@@ -36,7 +36,7 @@ import kio.schema.produce.v11.request as produce_v11
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka.record.default_records import DefaultRecordBatch
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName, TransactionalId
 from kio.static.primitive import Records, i16, i32, i32Timedelta
@@ -60,6 +60,7 @@ from dedup.batches import (
     restamp_batch,
     use_native_scan,
 )
+from dedup.bindings import ProducerBindings
 from dedup.engine import FIRST_USE_LOOKUPS, READ_IN_THREAD_BYTES, DedupEngine, PartitionAnswer
 from dedup.fencing import FenceError
 from dedup.ownership.nodes import Node
@@ -644,6 +645,7 @@ async def running(
     max_producers: int = 10_000,
     max_absent_partitions: int = 10_000,
     recent_append_producers: int = 10_000,
+    bindings: ProducerBindings | None = None,
 ) -> AsyncIterator[Rig]:
     state, writer, topic_ids = FakeState(), FakeWriter(), FakeTopicIds()
     recovery = FakeRecovery(state, writer, topic_ids)
@@ -667,6 +669,7 @@ async def running(
         topic_ids=topic_ids,
         max_absent_partitions=max_absent_partitions,
         recent_append_producers=recent_append_producers,
+        bindings=bindings,
     )
     if _check_state == "memory":  # what is checked is recorded as FakeState records it
         queue = engine._checks.queue
@@ -1131,6 +1134,61 @@ async def test_transactional_requests_and_topics_with_dedup_disabled_are_left_to
         assert await rig.engine.admit(transactional) is None
         assert await rig.engine.admit(produce_request((("raw", 0), data))) is None
         assert await rig.engine.admit(produce_request((P0, data))) is not None
+
+
+class NoRedis:
+    def pipeline(self, **_: Any) -> Any:
+        raise AssertionError("names under a configured prefix need no Redis")
+
+
+def transactional_batch(headers: Sequence[tuple[str, bytes]]) -> bytes:
+    """A transactional batch of one record with these headers."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=True,
+        producer_id=7,
+        producer_epoch=0,
+        base_sequence=0,
+        batch_size=1 << 20,
+    )
+    builder.append(0, timestamp=NOW_MS, key=None, value=b"v", headers=list(headers))
+    return bytes(builder.build())
+
+
+async def test_a_transaction_naming_another_principals_producer_is_answered_whole_here() -> None:
+    """Transactional requests are forwarded unchecked, except that an authenticated client's
+    may not name a producer bound to another principal (a committed one counts at the next
+    replay): refused where it does, the rest answered not written, nothing forwarded."""
+    bindings = ProducerBindings(NoRedis(), prefixes={"orders-": "User:orders"})  # type: ignore[arg-type]
+    disabled = PolicySnapshot(Mode.ENABLED, topics={"raw": Mode.DISABLED})
+    named = transactional_batch([(HEADER_PRODUCER, b"orders-1"), (HEADER_SEQUENCE, b"4")])
+    plain = transactional_batch([])
+    async with running(policies=disabled, bindings=bindings) as rig:
+        refuse = rig.engine.refuse_foreign_names_in_transaction
+        request = produce_request(
+            (P0, named), (P1, plain), (("raw", 0), named), transactional_id="tx"
+        )
+        assert await refuse(request, "User:orders") is None
+        assert await refuse(request, None) is None  # not authenticated: not checked
+        answers = await refuse(request, "User:other")
+        assert answers is not None
+        assert answers[P0].error_code == ErrorCode.topic_authorization_failed
+        assert "belongs to User:orders" in (answers[P0].error_message or "")
+        for key in (P1, ("raw", 0)):
+            assert answers[key].error_code == ErrorCode.not_enough_replicas, key
+        # A name the replay would not count (not UTF-8, empty) is not refused.
+        unreadable = transactional_batch([(HEADER_PRODUCER, b"\xff"), (HEADER_PRODUCER, b"")])
+        assert (
+            await refuse(produce_request((P0, unreadable), transactional_id="tx"), "User:x") is None
+        )
+        # A batch that cannot be read is refused, as outside a transaction.
+        broken = produce_request((P0, named[:-3]), transactional_id="tx")
+        answers = await refuse(broken, "User:orders")
+        assert answers is not None and answers[P0].error_code == ErrorCode.corrupt_message
+        # Not transactional: the engine's own check, after admit.
+        assert await refuse(produce_request((P0, records("orders-1", [0]))), "User:x") is None
+        assert rig.writer.log == {}
 
 
 # ----------------------------------------------------------------------------- order

@@ -99,9 +99,15 @@ class _HeldEngine:
         self.written = 0
         self.error = error
         self.connections: list[object | None] = []  # each admitted request's
+        self.refusal: dict[Any, PartitionAnswer] | None = None  # for a transactional request
 
     async def dedup_anywhere(self) -> bool:
         return True
+
+    async def refuse_foreign_names_in_transaction(
+        self, request: Any, principal: str | None
+    ) -> dict[Any, PartitionAnswer] | None:
+        return self.refusal
 
     async def admit(
         self, request: Any, principal: str | None = None, connection: object | None = None
@@ -164,6 +170,23 @@ def test_the_answer_is_the_produce_response_of_the_write() -> None:
     (topic,) = response.responses
     (partition,) = topic.partition_responses
     assert (str(topic.name), int(partition.index), int(partition.base_offset)) == ("t", 0, 5)
+
+
+def test_a_refused_transactional_request_is_answered_at_once_and_never_admitted() -> None:
+    async def scenario() -> Any:
+        engine = _HeldEngine()
+        engine.refusal = {
+            ("t", 0): PartitionAnswer(ErrorCode.topic_authorization_failed, error_message="no")
+        }
+        _, decision = await _responded(engine)
+        assert decision.answer.done()  # nothing written, nothing waited for
+        assert engine.connections == []  # not admitted: no place in the line
+        return decision.answer.result()
+
+    response = as_read(asyncio.run(scenario()), 9)
+    (topic,) = response.responses
+    (partition,) = topic.partition_responses
+    assert (int(partition.error_code), partition.error_message) == (29, "no")
 
 
 def test_a_connection_that_stops_waiting_leaves_the_write_running() -> None:
