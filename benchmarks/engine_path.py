@@ -126,7 +126,7 @@ async def _rounds(requests: int, rounds: int) -> list[tuple[float, float]]:
             return None
 
     class Recovery:
-        async def run(self, partitions: Sequence[Any]) -> Any:
+        async def run(self, partitions: Sequence[Any], later: Any) -> Any:
             loaded = RecoveredState({}, {})
             return {
                 key: RecoveredPartition(*key, "token", 0, None, 0, 0, 0, 0.0, loaded, "id", False)

@@ -8,11 +8,12 @@ stable offset below that end, and what it wrote is not decided yet:
 - not counted, and then committed: their re-send is written a second time.
 
 Only its end decides, so the recovery waits for it: until the last stable offset reaches
-the end, up to a bound (`replay_transaction_wait_s`). A live client commits or aborts; a
-dead one's transaction is aborted by Kafka's coordinator after its
-``transaction.timeout.ms`` (60 s by default). Past the bound the replay reads the rest
-uncommitted, and that transaction's records count (`dedup.replay`): the limit the README
-names.
+the end, up to a bound. A live client commits or aborts; a dead one's transaction is
+aborted by Kafka's coordinator after its ``transaction.timeout.ms``, so the bound is that
+deadline when Kafka tells it (`dedup.transaction_deadlines`), else
+``replay_transaction_wait_s`` (60 s, the timeout's default). Past the bound the replay
+reads the rest uncommitted, and that transaction's records count (`dedup.replay`): the
+limit the README names.
 
 The wait is asynchronous and outside the recovery's limit on parallel replays: a client
 that dies in a transaction over many partitions holds each of them until Kafka aborts it,
@@ -36,6 +37,7 @@ GROUP_ID: Final = "dedup-proxy-recovery"
 
 @dataclass(frozen=True, slots=True)
 class Waited:
+    log_start: int  # the partition's log start offset, asked with `stable`
     stable: int  # the last stable offset when the wait ended
     seconds: float
 
@@ -77,10 +79,10 @@ async def wait_for_open_transactions(
     began = time.monotonic()
     try:
         while True:
-            _low, stable = await asyncio.to_thread(
+            low, stable = await asyncio.to_thread(
                 consumer.get_watermark_offsets, partition, request_timeout_s
             )
-            waited = Waited(stable, time.monotonic() - began)
+            waited = Waited(low, stable, time.monotonic() - began)
             if waited.decided(end) or waited.seconds >= wait_s:
                 return waited
             await asyncio.sleep(min(poll_s, wait_s - waited.seconds))

@@ -15,7 +15,7 @@ from typing import Protocol
 from dedup.ownership.owner import Redirect
 from dedup.partitions import Key
 from dedup.policies import PolicySnapshot
-from dedup.recovery import RecoveredPartition
+from dedup.recovery import Later, RecoveredPartition
 from dedup.state import Acked, PartitionCheck, PartitionVerdict, Persisted, clock_ms
 from dedup.writer import BatchToWrite, WriteResult
 from proxy.kafka.topology import Endpoint
@@ -60,7 +60,7 @@ class PartitionRecovery(Protocol):
     """Rebuilding partitions' state from the log (`dedup.recovery.Recovery`)."""
 
     async def run(
-        self, partitions: Sequence[Key]
+        self, partitions: Sequence[Key], later: Later
     ) -> tuple[dict[Key, RecoveredPartition], dict[Key, Exception]]: ...
 
 

@@ -35,7 +35,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,6 +52,7 @@ from dedup.replay import ReplayResult, replay_partition
 from dedup.snapshots import APPENDS_PER_PRODUCER, Snapshot, SnapshotStore, StoredSnapshots
 from dedup.state import DedupState, RecoveredState, clock_ms
 from dedup.topic_ids import TopicIds, recovery_token
+from dedup.transaction_deadlines import DeadlineUnknown, TransactionDeadlines
 from dedup.writer import IdempotentWriter
 
 log = structlog.get_logger(__name__)
@@ -83,6 +84,11 @@ class RecoveredPartition:
     # Kafka's log start offset as read with `end` (-1: unknown): a duplicate is answered
     # with it until a write here gets a newer one
     log_start: int = -1
+
+
+# (partition, its recovery still to finish): one that waits for a transaction open in the
+# log is finished apart (`Recovery.run`), so that it holds up no other partition.
+Later = Callable[[_Key, Awaitable[RecoveredPartition]], None]
 
 
 class NotOwner(Exception):
@@ -117,11 +123,13 @@ class Recovery:
         headers: IdentityHeaders,
         owners: Owners,
         topic_ids: TopicIds,
+        transaction_deadlines: TransactionDeadlines,
         *,
         max_producers: int,
         parallel_replays: int = 4,
         replay_timeout_s: float = 60.0,
         replay_transaction_wait_s: float = 60.0,
+        replay_transaction_wait_max_s: float = 930.0,
         kafka_config: Mapping[str, Any] | None = None,
     ) -> None:
         """``kafka_config``: librdkafka settings added to its consumers' (security)."""
@@ -137,12 +145,17 @@ class Recovery:
         self._replays = asyncio.Semaphore(parallel_replays)
         self._replay_timeout_s = replay_timeout_s
         self._replay_transaction_wait_s = replay_transaction_wait_s
+        self._replay_transaction_wait_max_s = replay_transaction_wait_max_s
+        self._transaction_deadlines = transaction_deadlines
 
     async def run(
-        self, partitions: Sequence[_Key]
+        self, partitions: Sequence[_Key], later: Later
     ) -> tuple[dict[_Key, RecoveredPartition], dict[_Key, Exception]]:
         """Recover every partition; those that failed come back with their error. Raises
-        only when nothing could be done (the fence or the end offsets failed)."""
+        only when nothing could be done (the fence or the end offsets failed). A partition
+        whose log holds a transaction still open below its end is handed to ``later``
+        unfinished: its recovery waits for the transaction to end (up to many minutes), and
+        must hold up neither the rest of the batch nor the batches after it."""
         started = time.monotonic()
         failed: dict[_Key, Exception] = {}
         leases: dict[_Key, Lease] = {}
@@ -192,19 +205,22 @@ class Recovery:
         # Asked after the ends: one at or past a partition's end means no transaction is
         # open below it (the last stable offset only grows).
         stable = await asyncio.to_thread(functools.partial(self._watermarks, mine, committed=True))
-        outcomes = await asyncio.gather(
-            *(
-                self._recover(
-                    key, marks[key], stable[key][1], stored[key], started, leases[key], ids[key[0]]
-                )
-                for key in mine
-            ),
-            return_exceptions=True,
-        )
+
+        async def recover(key: _Key) -> RecoveredPartition:
+            result = await self._recover(
+                key, marks[key], stable[key], stored[key], started, leases[key], ids[key[0]]
+            )
+            return replace(result, unseen_writes=key not in seen)
+
+        waiting = [key for key in mine if self._waits(marks[key], stable[key])]
+        for key in waiting:
+            later(key, recover(key))
+        now = [key for key in mine if key not in waiting]
+        outcomes = await asyncio.gather(*(recover(key) for key in now), return_exceptions=True)
         recovered: dict[_Key, RecoveredPartition] = {}
-        for key, outcome in zip(mine, outcomes, strict=True):
+        for key, outcome in zip(now, outcomes, strict=True):
             if isinstance(outcome, RecoveredPartition):
-                recovered[key] = replace(outcome, unseen_writes=key not in seen)
+                recovered[key] = outcome
             elif isinstance(outcome, Exception):
                 failed[key] = outcome
             else:
@@ -246,7 +262,7 @@ class Recovery:
         self,
         key: _Key,
         marks: tuple[int, int],
-        stable: int,
+        committed_marks: tuple[int, int],  # the log start and the last stable offset
         stored: StoredSnapshots,
         started: float,
         lease: Lease,
@@ -263,23 +279,24 @@ class Recovery:
         start = 0 if snapshot is None else snapshot.offset
         if snapshot is not None:
             snapshot = without_reset(snapshot, stored.resets)
-        waited = Waited(stable, 0.0)
-        if not waited.decided(end) and self._replay_transaction_wait_s > 0:
+        waited = Waited(*committed_marks, seconds=0.0)
+        if self._waits(marks, committed_marks):
             # Outside the replays' limit: it may take until Kafka aborts a dead client's.
+            wait_s = await self._transaction_wait_s(topic, partition, end)
             log.info(
                 "waiting for a transaction open in the log to end before the replay",
                 topic=topic,
                 partition=partition,
-                last_stable_offset=stable,
+                last_stable_offset=waited.stable,
                 end=end,
-                wait_s=self._replay_transaction_wait_s,
+                wait_s=round(wait_s, 3),
             )
             waited = await wait_for_open_transactions(
                 self._bootstrap,
                 self._kafka_config,
                 TopicPartition(topic, partition),
                 end,
-                self._replay_transaction_wait_s,
+                wait_s,
             )
         async with self._replays:
             replayed = await asyncio.to_thread(
@@ -297,6 +314,11 @@ class Recovery:
                 chunks=None
                 if snapshot is None
                 else {p: c.progress for p, c in snapshot.chunks.items()},
+                # Decided stays decided (the last stable offset only grows): not asked again.
+                # Undecided, the replay asks afresh, after its wait for a place among replays.
+                committed_watermarks=(waited.log_start, waited.stable)
+                if waited.decided(end)
+                else None,
             )
         metrics.REPLAYED_RECORDS.inc(replayed.records)
         if replayed.uncommitted_from is not None:
@@ -434,6 +456,27 @@ class Recovery:
             merged = {p: v for p, v in merged.items() if p in kept}
             chunks = {p: v for p, v in chunks.items() if p in kept}
         return merged, chunks
+
+    def _waits(self, marks: tuple[int, int], committed_marks: tuple[int, int]) -> bool:
+        """Whether a partition's recovery will wait for a transaction open below its end."""
+        return committed_marks[1] < marks[1] and self._replay_transaction_wait_s > 0
+
+    async def _transaction_wait_s(self, topic: str, partition: int, end: int) -> float:
+        """How long to wait for the transactions open below ``end``: until Kafka will have
+        aborted them, when it tells their deadline, within ``replay_transaction_wait_max_s``;
+        never less than ``replay_transaction_wait_s``, the whole wait when it does not."""
+        try:
+            deadline = await self._transaction_deadlines.latest(topic, partition, end)
+        except (DeadlineUnknown, OSError, TimeoutError) as exc:
+            log.info(
+                "the open transactions' deadline is unknown; waiting replay_transaction_wait_s",
+                topic=topic,
+                partition=partition,
+                reason=str(exc) or type(exc).__name__,
+            )
+            return self._replay_transaction_wait_s
+        until_deadline = min(self._replay_transaction_wait_max_s, deadline - time.time())
+        return max(self._replay_transaction_wait_s, until_deadline)
 
     def _watermarks(
         self, partitions: Sequence[_Key], *, committed: bool = False

@@ -9,14 +9,15 @@ pause of its own, doubling from ``retry_s[0]`` to ``retry_s[1]``: it never holds
 others, nor a partition queued after it. One whose topic does not exist is not retried:
 its next use recovers it, once the topic is created again. When a whole batch fails (the
 fence), the next tries take one partition at a time, so one bad partition cannot block
-the rest.
+the rest. A partition whose recovery waits for a transaction open in its log (up to
+many minutes) is finished apart, so the queue goes on meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -71,6 +72,8 @@ class RecoveryScheduler:
         self._batch = batch
         self._limit = batch  # 1 after a whole batch failed, until one succeeds
         self._queue: dict[Key, _Queued] = {}
+        # Recoveries finishing apart (`Recovery.run`'s ``later``), still queued meanwhile.
+        self._finishing: dict[Key, asyncio.Task[None]] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._recovered = asyncio.Condition()
@@ -81,10 +84,12 @@ class RecoveryScheduler:
         self.on_topic_deleted: Callable[[Key], None] = lambda key: None
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks = [*self._finishing.values(), *([self._task] if self._task is not None else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
     # ------------------------------------------------------------- asking
 
@@ -195,7 +200,11 @@ class RecoveryScheduler:
 
     def _due(self) -> list[Key]:
         now = asyncio.get_running_loop().time()
-        return [key for key, queued in self._queue.items() if queued.retry_at <= now]
+        return [
+            key
+            for key, queued in self._queue.items()
+            if queued.retry_at <= now and key not in self._finishing
+        ]
 
     def _ready(self) -> list[Key]:
         """Due, and its own writes settled: they are in the log then, or never will be."""
@@ -204,12 +213,13 @@ class RecoveryScheduler:
 
     def _pause(self) -> float | None:
         """How long nothing can be done: None until a request comes."""
-        if not self._queue:
-            return None
+        waiting = [queued for key, queued in self._queue.items() if key not in self._finishing]
+        if not waiting:
+            return None  # until a request comes, or a recovery finishing apart ends
         if self._due():
             return 0.0 if self._ready() else SETTLE_POLL_S
         now = asyncio.get_running_loop().time()
-        return max(0.0, min(queued.retry_at for queued in self._queue.values()) - now)
+        return max(0.0, min(queued.retry_at for queued in waiting) - now)
 
     async def _recover(self, ready: list[Key]) -> None:
         log.info(
@@ -218,11 +228,35 @@ class RecoveryScheduler:
             reasons=sorted({self._queue[k].reason for k in ready}),
         )
         try:
-            recovered, failed = await self._recovery.run(ready)
+            recovered, failed = await self._recovery.run(ready, self._finish_apart)
             self._limit = self._batch
         except Exception as exc:  # the fence or the end offsets: the whole batch failed
-            recovered, failed = {}, {key: exc for key in ready}
+            recovered, failed = {}, {key: exc for key in ready if key not in self._finishing}
             self._limit = 1  # one bad partition (a deleted topic) must not block the rest
+        await self._settle(recovered, failed)
+
+    def _finish_apart(self, key: Key, recovering: Awaitable[RecoveredPartition]) -> None:
+        self._finishing[key] = asyncio.create_task(
+            self._finish(key, recovering), name=f"recovery {key[0]}/{key[1]}"
+        )
+
+    async def _finish(self, key: Key, recovering: Awaitable[RecoveredPartition]) -> None:
+        try:
+            result = await recovering
+        except Exception as exc:
+            outcome: tuple[dict[Key, RecoveredPartition], dict[Key, Exception]] = {}, {key: exc}
+        else:
+            outcome = {key: result}, {}
+        finally:
+            self._finishing.pop(key, None)
+        with background.one_pass("recovery"):
+            await self._settle(*outcome)
+        self._wakeup.set()  # the loop may have nothing else to wait for
+
+    async def _settle(
+        self, recovered: dict[Key, RecoveredPartition], failed: dict[Key, Exception]
+    ) -> None:
+        """Open the recovered partitions, record the failed ones, and tell those waiting."""
         for key, result in recovered.items():
             try:
                 self._opened(key, result)

@@ -465,6 +465,7 @@ def replay_partition(
     config: Mapping[str, Any] | None = None,
     chunks: Mapping[str, ChunkProgress] | None = None,
     resets: Mapping[str, int] | None = None,
+    committed_watermarks: tuple[int, int] | None = None,
 ) -> ReplayResult:
     """Read ``topic``/``partition`` over ``[start, end)`` and return the highest sequence and
     the newest timestamp of every producer found there.
@@ -480,6 +481,8 @@ def replay_partition(
     at ``start`` (the snapshot's), which the replay continues. ``resets`` (producer -> the
     offset an operator reset it at, `SnapshotStore.write_resets`): such a producer's records
     below its offset do not count; the replay forgets it on reaching the offset.
+    ``committed_watermarks``: the log start and the last stable offset, when the caller has
+    just asked them (a recovery does, to wait for open transactions); else asked here.
     """
     began = time.monotonic()
     if start < 0:
@@ -500,7 +503,8 @@ def replay_partition(
         # read_committed's watermarks: the log start and the last stable offset (a
         # read_uncommitted client's "high" is the high watermark). The last stable offset
         # only grows: everything below it was decided before the replay read it.
-        low, stable = consumer.get_watermark_offsets(
+        # A log start asked earlier may be stale: `_replay` finds that out (out of range).
+        low, stable = committed_watermarks or consumer.get_watermark_offsets(
             TopicPartition(topic, partition), timeout=timeout_s
         )
         uncommitted_from = None if stable >= end else max(start, stable)

@@ -32,6 +32,7 @@ from dedup.snapshots import SnapshotError, SnapshotStore
 from dedup.snapshotter import SnapshotPolicy, Snapshotter
 from dedup.state import DedupState, ProducerState, clock_ms
 from dedup.topic_ids import TopicIds, UnknownTopic, topic_id_of
+from dedup.transaction_deadlines import TransactionDeadlines
 from dedup.writer import IdempotentWriter, LeaderLookup
 from proxy.kafka.topology import Endpoint
 from proxy.runtime import background
@@ -157,9 +158,11 @@ class DedupService:
                     self.ownership.granted,
                 ),
                 topic_ids,
+                TransactionDeadlines(self.links.get, upstream.known_upstreams),
                 max_producers=settings.max_producers_per_snapshot,
                 replay_timeout_s=settings.replay_timeout_s,
                 replay_transaction_wait_s=settings.replay_transaction_wait_s,
+                replay_transaction_wait_max_s=settings.replay_transaction_wait_max_s,
                 kafka_config=kafka_config,
             ),
             first_sequence_wait_s=settings.first_sequence_wait_s,

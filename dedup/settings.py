@@ -195,9 +195,16 @@ class DedupSettings(BaseSettings):
     replay_transaction_wait_s: float = Field(
         default=60.0,
         ge=0,
-        description="a replay that finds a transaction open in the log waits this long for "
-        "it to end (Kafka aborts a dead client's after its transaction.timeout.ms, 60 s by "
-        "default); past it, that transaction's records count as if committed",
+        description="a replay that finds a transaction open in the log waits at least this "
+        "long for it to end, and this long when Kafka does not tell when it will abort it "
+        "(0: no wait); past the wait, that transaction's records count as if committed",
+    )
+    replay_transaction_wait_max_s: float = Field(
+        default=930.0,
+        ge=0,
+        description="the longest a replay waits for the deadline Kafka gives an open "
+        "transaction (its start plus its transaction.timeout.ms, plus 30 s): Kafka's "
+        "default transaction.max.timeout.ms is 15 min",
     )
     produce_connections_per_broker: int = Field(
         default=4,

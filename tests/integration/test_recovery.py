@@ -234,13 +234,60 @@ def test_a_transaction_open_at_the_recovery_is_waited_for_and_its_abort_respecte
     assert recovered["waited_for_transactions_s"] > 0, line
 
 
+def test_a_transaction_longer_than_the_fixed_wait_is_waited_for_until_kafka_aborts_it(
+    local_env: EnvInfo, tmp_path: Path
+) -> None:
+    """A client whose transaction.timeout.ms is longer than `replay_transaction_wait_s`, and
+    that never ends its transaction: Kafka tells the transaction's deadline, and the replay
+    waits until Kafka aborted it, not just the fixed 1 s. Counted after 1 s, its two records
+    read as persisted and their re-send was dropped (3 records in the topic, not 5).
+    Meanwhile another topic's first use is recovered and written: the wait holds up no
+    other partition's recovery."""
+    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_REPLAY_TRANSACTION_WAIT_S="1")
+    topic, other = new_topic(local_env.bootstrap), new_topic(local_env.bootstrap)
+    try:
+        blind_resend(restartable.start(), topic, "p-abandoned", range(3))
+        _open_transaction(local_env.bootstrap, topic, "p-abandoned", (3, 4), timeout_ms=6000)
+        restartable.kill()
+        redis.Redis.from_url(restartable.redis_url).flushdb()
+        second = restartable.start()
+        resending = threading.Thread(
+            target=blind_resend, args=(second, topic, "p-abandoned", range(5))
+        )
+        resending.start()
+        wait_until(
+            lambda: restartable.log_lines("waiting for a transaction open in the log to end"),
+            30,
+            "the recovery waits for the open transaction",
+        )
+        blind_resend(second, other, "p-other", range(3))
+        assert not recoveries(restartable, topic=topic, identified=3), "written meanwhile"
+        resending.join(120)
+        assert_topic_is(local_env.bootstrap, other, 3)
+        assert_topic_is(local_env.bootstrap, topic, 5)
+        (line,) = recoveries(restartable, topic=topic, identified=3)
+        recovered = json.loads(line)
+        assert recovered["read_uncommitted_from"] is None, line
+        assert recovered["waited_for_transactions_s"] > 1, line
+        (waiting,) = restartable.log_lines("waiting for a transaction open in the log to end")
+        assert 6 < json.loads(waiting)["wait_s"] <= 36, waiting  # its timeout, plus 30 s
+        assert not restartable.log_lines("a transaction stayed open past the replay's wait")
+    finally:
+        restartable.stop()
+
+
 def test_a_transaction_still_open_after_the_wait_counts_with_a_warning(
     local_env: EnvInfo, tmp_path: Path
 ) -> None:
-    """Past `replay_transaction_wait_s` the replay reads on uncommitted from the open
-    transaction's first record, and its records count (the README's limit): the recovery
-    says so in a warning and a metric."""
-    restartable = recovery_proxy(local_env, tmp_path, DEDUP_PROXY_REPLAY_TRANSACTION_WAIT_S="1")
+    """Past the wait (here `replay_transaction_wait_max_s`, below the transaction's
+    deadline) the replay reads on uncommitted from the open transaction's first record, and
+    its records count (the README's limit): the recovery says so in a warning and a metric."""
+    restartable = recovery_proxy(
+        local_env,
+        tmp_path,
+        DEDUP_PROXY_REPLAY_TRANSACTION_WAIT_S="1",
+        DEDUP_PROXY_REPLAY_TRANSACTION_WAIT_MAX_S="1",
+    )
     topic = new_topic(local_env.bootstrap)
     transactional = None
     try:
@@ -263,12 +310,20 @@ def test_a_transaction_still_open_after_the_wait_counts_with_a_warning(
 
 
 def _open_transaction(
-    bootstrap: str, topic: str, producer: str, sequences: Iterable[int]
+    bootstrap: str,
+    topic: str,
+    producer: str,
+    sequences: Iterable[int],
+    timeout_ms: int = 60_000,
 ) -> Producer:
     """A transactional client that wrote ``sequences`` under ``producer``'s identity to
-    partition 0 and has not ended its transaction."""
+    partition 0 and has not ended its transaction (Kafka aborts it after ``timeout_ms``)."""
     transactional = Producer(
-        {"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"}
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
+            "transaction.timeout.ms": timeout_ms,
+        }
     )
     transactional.init_transactions(30)
     transactional.begin_transaction()

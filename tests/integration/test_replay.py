@@ -391,6 +391,29 @@ def test_start_below_the_log_start(local_env: EnvInfo, topic: str) -> None:
     assert (after.start, after.records, after.highest) == (6, 4, {"p": (9, T0 + 9)})
 
 
+def test_watermarks_the_caller_asked_are_used_and_a_stale_log_start_found_out(
+    local_env: EnvInfo, topic: str
+) -> None:
+    """A recovery passes the log start and last stable offset it asked (`committed_watermarks`):
+    the replay uses them, and reading finds out a log start that moved since."""
+    produce(local_env.bootstrap, topic, [(ident(b"p", str(i).encode()), T0 + i) for i in range(10)])
+    admin = AdminClient({"bootstrap.servers": local_env.bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
+        future.result(30)
+
+    # Used, not asked again: Kafka's log start is 4, the one given 6.
+    given = replay_partition(local_env.bootstrap, topic, 0, 0, 10, committed_watermarks=(6, 10))
+    assert given.truncated_start
+    assert (given.start, given.records, given.uncommitted_from) == (6, 4, None)
+    # A last stable offset below the end: the rest is read uncommitted, from there.
+    open_below = replay_partition(local_env.bootstrap, topic, 0, 4, 10, committed_watermarks=(4, 8))
+    assert (open_below.records, open_below.uncommitted_from) == (6, 8)
+    # Asked before the DeleteRecords: the read falls out of range and asks again.
+    stale = replay_partition(local_env.bootstrap, topic, 0, 0, 10, committed_watermarks=(0, 10))
+    assert stale.truncated_start
+    assert (stale.start, stale.records, stale.highest) == (4, 6, {"p": (9, T0 + 9)})
+
+
 # --------------------------------------------------------------------------- errors
 
 

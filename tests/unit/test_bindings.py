@@ -4,24 +4,18 @@ Redis and a real proxy: tests/integration/test_tls.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from dedup.bindings import ProducerBindings
 from dedup.settings import DedupSettings
+from tests.support.bindings import prefix_bindings
 
 pytestmark = pytest.mark.unit
 
 
-class NoRedis:
-    def pipeline(self, **_: Any) -> Any:
-        raise AssertionError("names under a configured prefix need no Redis")
-
-
 def bindings() -> ProducerBindings:
     prefixes = {"orders-": "User:orders", "orders-eu-": "User:eu", "audit": "User:audit"}
-    return ProducerBindings(NoRedis(), prefixes=prefixes)  # type: ignore[arg-type]
+    return prefix_bindings(prefixes)
 
 
 async def test_a_configured_prefix_decides_the_owner_and_the_longest_wins() -> None:

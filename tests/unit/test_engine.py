@@ -67,7 +67,7 @@ from dedup.ownership.nodes import Node
 from dedup.ownership.owner import Redirect
 from dedup.policies import Mode, PolicySnapshot
 from dedup.produce_filter import produce_response
-from dedup.recovery import NotOwner, RecoveredPartition
+from dedup.recovery import Later, NotOwner, RecoveredPartition
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.state import (
     Acked,
@@ -83,6 +83,7 @@ from proxy.kafka.produce_codec import RecordBytes, RecordPieces
 from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import QUEUED_FROM_BYTES
 from proxy.runtime.cluster import NoSuchPartition
+from tests.support.bindings import prefix_bindings
 from tests.support.raw import damaged
 
 pytestmark = pytest.mark.unit
@@ -485,7 +486,7 @@ class FakeRecovery:
     _tokens: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     async def run(
-        self, partitions: Sequence[Key]
+        self, partitions: Sequence[Key], later: Later
     ) -> tuple[dict[Key, RecoveredPartition], dict[Key, Exception]]:
         self.calls.append(list(partitions))
         if self.hold is not None:
@@ -1136,11 +1137,6 @@ async def test_transactional_requests_and_topics_with_dedup_disabled_are_left_to
         assert await rig.engine.admit(produce_request((P0, data))) is not None
 
 
-class NoRedis:
-    def pipeline(self, **_: Any) -> Any:
-        raise AssertionError("names under a configured prefix need no Redis")
-
-
 def transactional_batch(headers: Sequence[tuple[str, bytes]]) -> bytes:
     """A transactional batch of one record with these headers."""
     builder = DefaultRecordBatchBuilder(
@@ -1160,7 +1156,7 @@ async def test_a_transaction_naming_another_principals_producer_is_answered_whol
     """Transactional requests are forwarded unchecked, except that an authenticated client's
     may not name a producer bound to another principal (a committed one counts at the next
     replay): refused where it does, the rest answered not written, nothing forwarded."""
-    bindings = ProducerBindings(NoRedis(), prefixes={"orders-": "User:orders"})  # type: ignore[arg-type]
+    bindings = prefix_bindings({"orders-": "User:orders"})
     disabled = PolicySnapshot(Mode.ENABLED, topics={"raw": Mode.DISABLED})
     named = transactional_batch([(HEADER_PRODUCER, b"orders-1"), (HEADER_SEQUENCE, b"4")])
     plain = transactional_batch([])

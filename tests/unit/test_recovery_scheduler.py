@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from dedup.partitions import Key
-from dedup.recovery import RecoveredPartition
+from dedup.recovery import Later, RecoveredPartition
 from dedup.recovery_scheduler import RecoveryScheduler
 from dedup.state import RecoveredState
 from proxy.runtime.metrics import BACKGROUND_PASS_ERRORS
@@ -30,7 +30,7 @@ class InstantRecovery:
         self.hold.set()
 
     async def run(
-        self, partitions: Sequence[Key]
+        self, partitions: Sequence[Key], later: Later
     ) -> tuple[dict[Key, RecoveredPartition], dict[Key, Exception]]:
         self.calls.append(list(partitions))
         self.called.set()
@@ -105,10 +105,10 @@ class FailingOnceRecovery(InstantRecovery):
         self.times: list[float] = []
 
     async def run(
-        self, partitions: Sequence[Key]
+        self, partitions: Sequence[Key], later: Later
     ) -> tuple[dict[Key, RecoveredPartition], dict[Key, Exception]]:
         self.times.append(asyncio.get_running_loop().time())
-        recovered, failed = await super().run(partitions)
+        recovered, failed = await super().run(partitions, later)
         if self.failing in recovered:
             failed[self.failing] = Unprintable()
             del recovered[self.failing]
@@ -132,3 +132,77 @@ async def test_a_failure_that_cannot_be_recorded_is_still_retried_after_its_paus
         assert unexpected._value.get() - before == 1
     finally:
         await scheduler.close()
+
+
+class OneWaitingRecovery(InstantRecovery):
+    """``waiting``'s recovery is finished apart, once ``release`` is set, with ``error`` if
+    one is given (as a partition whose log holds an open transaction: `Recovery.run`'s
+    ``later``); only its first run waits."""
+
+    def __init__(self, waiting: Key, error: Exception | None = None) -> None:
+        super().__init__()
+        self.waiting: Key | None = waiting
+        self.error = error
+        self.release = asyncio.Event()
+        self.handed = asyncio.Event()  # set once the recovery was handed to ``later``
+
+    async def run(
+        self, partitions: Sequence[Key], later: Later
+    ) -> tuple[dict[Key, RecoveredPartition], dict[Key, Exception]]:
+        recovered, failed = await super().run(partitions, later)
+        if self.waiting in recovered:
+            result = recovered.pop(self.waiting)
+            error, self.waiting = self.error, None
+
+            async def finish() -> RecoveredPartition:
+                await self.release.wait()
+                if error is not None:
+                    raise error
+                return result
+
+            later((result.topic, result.partition), finish())
+            self.handed.set()
+        return recovered, failed
+
+
+async def test_a_recovery_that_waits_holds_up_neither_its_batch_nor_later_ones() -> None:
+    C = ("orders", 2)
+    recovery = OneWaitingRecovery(A)
+    scheduler = RecoveryScheduler(recovery)  # type: ignore[arg-type]
+    try:
+        scheduler.request_all([A, B], "first use")
+        assert await scheduler.wait_recovered([B], 5), "its batch is not held up"
+        scheduler.request(C, "first use")
+        assert await scheduler.wait_recovered([C], 5), "nor a batch after it"
+        assert scheduler.recovering(A) and not scheduler.partitions.of(A).recovered
+        assert [sorted(call) for call in recovery.calls] == [[A, B], [C]], "A not run again"
+        recovery.release.set()
+        assert await scheduler.wait_recovered([A], 5)
+        assert not scheduler.recovering(A)
+        assert scheduler.partitions.of(A).token == "token-1"
+    finally:
+        await scheduler.close()
+
+
+async def test_a_recovery_finished_apart_that_failed_is_retried() -> None:
+    recovery = OneWaitingRecovery(A, OSError("the replay failed"))
+    scheduler = RecoveryScheduler(recovery, retry_s=(0.01, 0.01))  # type: ignore[arg-type]
+    try:
+        scheduler.request(A, "first use")
+        await asyncio.wait_for(recovery.called.wait(), 5)
+        recovery.release.set()
+        assert await scheduler.wait_recovered([A], 5)
+        assert recovery.calls == [[A], [A]]
+        assert scheduler.partitions.of(A).token == "token-2"
+    finally:
+        await scheduler.close()
+
+
+async def test_closing_cancels_a_recovery_finishing_apart() -> None:
+    recovery = OneWaitingRecovery(A)
+    scheduler = RecoveryScheduler(recovery)  # type: ignore[arg-type]
+    scheduler.request(A, "first use")
+    await asyncio.wait_for(recovery.handed.wait(), 5)
+    (finishing,) = scheduler._finishing.values()
+    await scheduler.close()
+    assert finishing.cancelled()
