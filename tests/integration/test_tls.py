@@ -493,6 +493,47 @@ def principals(proxy: ProxyProcess, topic: str) -> dict[str, str]:
         return found
 
 
+def test_a_recovery_asks_kafka_over_sasl_ssl_when_an_open_transaction_ends(
+    sasl_proxy: ProxyProcess, local_env: EnvInfo, certs: LocalTls
+) -> None:
+    """A transaction open in the log at a recovery: the proxy asks Kafka its deadline
+    (DescribeProducers, ListTransactions, DescribeTransactions: `dedup.transaction_deadlines`)
+    on its own SCRAM connections, and waits for Kafka to abort it. The client never ends
+    it; the re-sends of its sequences are written once."""
+    topic = new_topic(local_env.bootstrap)
+    client = client_sasl(certs, "SCRAM-SHA-256")
+    first = DedupProducer(sasl_proxy.bootstrap, "tx-abandoned", **client)
+    for n in range(3):
+        first.send(topic, str(n).encode(), sequence_id=n)
+    assert first.flush(60) == 0
+    abandoned = Producer(
+        {
+            "bootstrap.servers": local_env.sasl_ssl_bootstrap,
+            "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
+            "transaction.timeout.ms": 6000,
+            **client,
+        }
+    )
+    abandoned.init_transactions(30)
+    abandoned.begin_transaction()
+    for n in (3, 4):
+        headers = [(HEADER_PRODUCER, b"tx-abandoned"), (HEADER_SEQUENCE, b"%d" % n)]
+        abandoned.produce(topic, str(n).encode(), headers=headers)
+    assert abandoned.flush(30) == 0
+    sasl_proxy.kill()
+    sasl_proxy.start()
+    again = DedupProducer(sasl_proxy.bootstrap, "tx-abandoned", **client)
+    for n in range(5):
+        again.send(topic, str(n).encode(), sequence_id=n)
+    assert again.flush(120) == 0
+    written = [value for value, _ in read_all(local_env.sasl_ssl_bootstrap, topic, **client)]
+    assert_exactly_once_in_order(written, 5)
+    assert sasl_proxy.log_path is not None
+    log_lines = [line for line in sasl_proxy.log_path.read_text().splitlines() if topic in line]
+    assert [line for line in log_lines if "waiting for a transaction open" in line], log_lines
+    assert not [line for line in log_lines if "deadline is unknown" in line], log_lines
+
+
 def test_a_client_with_a_wrong_password_is_refused_by_kafka_through_the_proxy(
     sasl_proxy: ProxyProcess, certs: LocalTls
 ) -> None:
