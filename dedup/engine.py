@@ -549,23 +549,26 @@ class DedupEngine:
         snapshot = await self._policies.snapshot()
         parts = _partition_data(request)
         refused: dict[Key, PartitionAnswer] = {}
+        budget = self._max_request_decompressed_bytes  # shared by the request's partitions
         for (topic, partition), data in parts.items():
             if snapshot.mode_for(topic) is Mode.DISABLED:
                 continue
             data = data or b""
+            limits = self._limits_within(budget)
             try:
                 if _read_in_thread(data):
                     batches = await asyncio.to_thread(
-                        read_batches, data, self._headers, limits=self._limits
+                        read_batches, data, self._headers, limits=limits
                     )
                 else:
-                    batches = read_batches(data, self._headers, limits=self._limits)
+                    batches = read_batches(data, self._headers, limits=limits)
             except BadBatch as bad:
                 metrics.BAD_INPUT.labels(ErrorCode(bad.error_code).name).inc()
                 refused[(topic, partition)] = PartitionAnswer(
                     bad.error_code, error_message=bad.message
                 )
                 continue
+            budget -= sum(max(b.decompressed_size, 0) for b in batches)
             names = _named(batches, self._headers.producer)
             if not names:
                 continue
@@ -584,13 +587,18 @@ class DedupEngine:
 
     # ------------------------------------------------------------- 2. read
 
+    def _limits_within(self, budget: int) -> ReadLimits:
+        """The per-batch limits, with no more decompressed bytes than ``budget``: what the
+        request's earlier partitions left of ``max_request_decompressed_bytes``."""
+        if budget < self._limits.max_decompressed_bytes:
+            return replace(self._limits, max_decompressed_bytes=max(budget, 0))
+        return self._limits
+
     async def _read(self, item: _Work, data: bytes | None, budget: int) -> None:
         """Reads the partition's batch within the limits, and within `budget`: what the
         request's earlier partitions left of its decompressed bytes."""
         data = data or b""
-        limits = self._limits
-        if budget < limits.max_decompressed_bytes:
-            limits = replace(limits, max_decompressed_bytes=max(budget, 0))
+        limits = self._limits_within(budget)
         try:
             if _read_in_thread(data):
                 item.batches, item.prepared = await asyncio.to_thread(

@@ -206,13 +206,22 @@ class Recovery:
         # open below it (the last stable offset only grows).
         stable = await asyncio.to_thread(functools.partial(self._watermarks, mine, committed=True))
 
+        waiting = [key for key in mine if self._waits(marks[key], stable[key])]
+        deadline_of = self._deadlines_of({key: marks[key][1] for key in waiting})
+
         async def recover(key: _Key) -> RecoveredPartition:
             result = await self._recover(
-                key, marks[key], stable[key], stored[key], started, leases[key], ids[key[0]]
+                key,
+                marks[key],
+                stable[key],
+                stored[key],
+                started,
+                leases[key],
+                ids[key[0]],
+                deadline_of,
             )
             return replace(result, unseen_writes=key not in seen)
 
-        waiting = [key for key in mine if self._waits(marks[key], stable[key])]
         for key in waiting:
             later(key, recover(key))
         now = [key for key in mine if key not in waiting]
@@ -267,6 +276,7 @@ class Recovery:
         started: float,
         lease: Lease,
         topic_id: str | None,
+        deadline_of: Callable[[_Key], Awaitable[float]],
     ) -> RecoveredPartition:
         topic, partition = key
         log_start, end = marks
@@ -282,7 +292,7 @@ class Recovery:
         waited = Waited(*committed_marks, seconds=0.0)
         if self._waits(marks, committed_marks):
             # Outside the replays' limit: it may take until Kafka aborts a dead client's.
-            wait_s = await self._transaction_wait_s(topic, partition, end)
+            wait_s = await self._transaction_wait_s(topic, partition, deadline_of(key))
             log.info(
                 "waiting for a transaction open in the log to end before the replay",
                 topic=topic,
@@ -459,14 +469,37 @@ class Recovery:
 
     def _waits(self, marks: tuple[int, int], committed_marks: tuple[int, int]) -> bool:
         """Whether a partition's recovery will wait for a transaction open below its end."""
-        return committed_marks[1] < marks[1] and self._replay_transaction_wait_s > 0
+        undecided = not Waited(*committed_marks, seconds=0.0).decided(marks[1])
+        return undecided and self._replay_transaction_wait_s > 0
 
-    async def _transaction_wait_s(self, topic: str, partition: int, end: int) -> float:
-        """How long to wait for the transactions open below ``end``: until Kafka will have
-        aborted them, when it tells their deadline, within ``replay_transaction_wait_max_s``;
-        never less than ``replay_transaction_wait_s``, the whole wait when it does not."""
+    def _deadlines_of(self, ends: dict[_Key, int]) -> Callable[[_Key], Awaitable[float]]:
+        """When Kafka will have ended the transactions open below each waiting partition's
+        end: asked once for all of them, as each partition's recovery awaits its own (a
+        client that died inside a transaction over many partitions is asked about once).
+        Raises what the lookup raised, or `DeadlineUnknown` for that partition."""
+        lookup = asyncio.ensure_future(self._transaction_deadlines.latest(ends)) if ends else None
+        if lookup is not None:  # its error is read even if every waiter was cancelled
+            lookup.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+        async def deadline_of(key: _Key) -> float:
+            assert lookup is not None and key in ends, "only a waiting partition asks"
+            # Shielded: one partition's recovery cancelled must not cancel the others'.
+            answer = (await asyncio.shield(lookup))[key]
+            if isinstance(answer, DeadlineUnknown):
+                raise answer
+            return answer
+
+        return deadline_of
+
+    async def _transaction_wait_s(
+        self, topic: str, partition: int, deadline: Awaitable[float]
+    ) -> float:
+        """How long to wait for the transactions open in the partition: until Kafka will
+        have aborted them (``deadline``, when it tells it), within
+        ``replay_transaction_wait_max_s``; never less than ``replay_transaction_wait_s``,
+        the whole wait when it does not."""
         try:
-            deadline = await self._transaction_deadlines.latest(topic, partition, end)
+            until_deadline = (await deadline) - time.time()
         except (DeadlineUnknown, OSError, TimeoutError) as exc:
             log.info(
                 "the open transactions' deadline is unknown; waiting replay_transaction_wait_s",
@@ -475,7 +508,7 @@ class Recovery:
                 reason=str(exc) or type(exc).__name__,
             )
             return self._replay_transaction_wait_s
-        until_deadline = min(self._replay_transaction_wait_max_s, deadline - time.time())
+        until_deadline = min(self._replay_transaction_wait_max_s, until_deadline)
         return max(self._replay_transaction_wait_s, until_deadline)
 
     def _watermarks(

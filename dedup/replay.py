@@ -241,7 +241,9 @@ class Fold:
         # Runs are followed only near the end, from the call whose last message is in the
         # last `runs_window` offsets: the batches a crash left unanswered are there, and on a
         # long replay (no snapshot) the records before cost no more than they did.
-        runs = last is not None and last.offset() >= self._runs_from
+        # An error event that names no partition (a refused group lookup, say) has no offset.
+        last_at = last.offset() if last is not None else None
+        runs = last_at is not None and last_at >= self._runs_from
         entries = self._entries
         earlier = self._earlier
         events = self.events
@@ -597,6 +599,11 @@ def _replay(
             code = error.code()
             if code == KafkaError._PARTITION_EOF:
                 position = max(position, event.offset())
+            elif code == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                # The consumer names a group (librdkafka wants one) and looks up its
+                # coordinator, but joins it not and commits nothing: the proxy's principal
+                # needs no ACL on it, and the refusal changes nothing of the read.
+                continue
             elif code == KafkaError._AUTO_OFFSET_RESET or code == KafkaError.OFFSET_OUT_OF_RANGE:
                 # The log start moved past the replay's position (retention, DeleteRecords).
                 low, _high = consumer.get_watermark_offsets(

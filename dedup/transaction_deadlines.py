@@ -1,4 +1,4 @@
-"""When Kafka will have ended the transactions open in a partition below an offset.
+"""When Kafka will have ended the transactions open in partitions below an offset each.
 
 A recovery waits for the transactions open below the end it replays to
 (`dedup.open_transactions`). A fixed wait is right only for clients whose
@@ -15,16 +15,21 @@ open transaction's own deadline, with the admin APIs that Kafka's ``kafka-transa
 
 Kafka's coordinator aborts a transaction whose start plus timeout has passed at its next
 check (``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s by default),
-so the deadline is the latest start plus timeout, plus `ABORT_MARGIN_S`. Anything not
-learned (a producer no broker lists: no DESCRIBE on its transactional id, or an older
-Kafka; a broker that does not answer) gives no deadline, and the caller keeps its fixed
-wait. The requests go on a connection of their own per broker.
+so a partition's deadline is the latest start plus timeout of its open transactions, plus
+`ABORT_MARGIN_S`. Anything not learned (a producer no broker lists: no DESCRIBE on its
+transactional id, or an older Kafka; no READ on the topic; a broker that does not answer)
+leaves that partition's deadline unknown, and the caller keeps its fixed wait.
+
+The partitions of one recovery are asked together: a client that died inside a
+transaction over many partitions costs each request once, not once per partition. The
+requests go on a connection of their own per broker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
@@ -55,6 +60,9 @@ class DeadlineUnknown(Exception):
     """Kafka did not tell an open transaction's deadline."""
 
 
+Partition = tuple[str, int]
+
+
 class TransactionDeadlines:
     def __init__(
         self,
@@ -64,42 +72,79 @@ class TransactionDeadlines:
         self._connect = connect  # (broker, lane) -> an open connection (`dedup.links`)
         self._known_upstreams = known_upstreams
 
-    async def latest(self, topic: str, partition: int, below: int) -> float:
-        """The time (epoch seconds) by which Kafka will have ended every transaction open in
-        the partition that began below offset ``below``: now when there is none. Raises
-        `DeadlineUnknown`, or OSError / TimeoutError when a coordinator does not answer."""
-        producers = await self._open_producers(topic, partition, below)
-        if not producers:
-            return time.time()
-        coordinators = await self._coordinators(producers)
-        missing = producers - {pid for _broker, _tid, pid in coordinators}
-        if missing:
-            raise DeadlineUnknown(f"no broker lists the transaction of producers {sorted(missing)}")
-        deadline = 0.0
-        for broker in {broker for broker, _tid, _pid in coordinators}:
-            ids = tuple(tid for b, tid, _pid in coordinators if b == broker)
-            deadline = max(deadline, await self._deadline(broker, ids))
-        return deadline + ABORT_MARGIN_S
+    async def latest(
+        self, below: Mapping[Partition, int]
+    ) -> dict[Partition, float | DeadlineUnknown]:
+        """Per partition, the time (epoch seconds) by which Kafka will have ended every
+        transaction open in it that began below its offset in ``below`` (now when there is
+        none), or why Kafka did not tell it. Raises OSError / TimeoutError when a
+        coordinator does not answer."""
+        opened = await self._open_producers(below)
+        producers = set().union(*(p for p in opened.values() if isinstance(p, set)))
+        ends = await self._ends(producers) if producers else {}
+        answers: dict[Partition, float | DeadlineUnknown] = {}
+        for key, found in opened.items():
+            if isinstance(found, DeadlineUnknown):
+                answers[key] = found
+                continue
+            of_key = [ends[pid] for pid in sorted(found)]
+            unknown = [end for end in of_key if isinstance(end, DeadlineUnknown)]
+            known = [end for end in of_key if not isinstance(end, DeadlineUnknown)]
+            if unknown:
+                answers[key] = unknown[0]
+            elif known:
+                answers[key] = max(known) + ABORT_MARGIN_S
+            else:  # nothing open below its offset
+                answers[key] = time.time()
+        return answers
 
-    async def _open_producers(self, topic: str, partition: int, below: int) -> set[int]:
-        """The producer ids with a transaction open in the partition that began below
-        ``below``, as its leader tells them (a broker that does not lead it says so)."""
+    async def _open_producers(
+        self, below: Mapping[Partition, int]
+    ) -> dict[Partition, set[int] | DeadlineUnknown]:
+        """Per partition, the producer ids with a transaction open in it that began below
+        its offset, as its leader tells them (a broker that does not lead it says so); an
+        error only when no broker answered it without one."""
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in sorted(below):
+            by_topic.setdefault(topic, []).append(partition)
         request = DescribeProducersRequest(
-            topics=(TopicRequest(name=TopicName(topic), partition_indexes=(i32(partition),)),)
+            topics=tuple(
+                TopicRequest(name=TopicName(topic), partition_indexes=tuple(map(i32, indexes)))
+                for topic, indexes in by_topic.items()
+            )
         )
-        async for _broker, response in self._answers(request):
-            for found in (p for t in response.topics for p in t.partitions):
-                if found.error_code == ErrorCode.not_leader_or_follower:
-                    continue
-                if found.error_code != ErrorCode.none:
-                    where = f"{topic}/{partition}"
-                    raise DeadlineUnknown(f"DescribeProducers of {where}: {found.error_code!r}")
-                return {
-                    int(p.producer_id)
-                    for p in found.active_producers
-                    if 0 <= p.current_txn_start_offset < below
-                }
-        raise DeadlineUnknown(f"no broker that answered leads {topic}/{partition}")
+        found: dict[Partition, set[int]] = {}
+        refused: dict[Partition, DeadlineUnknown] = {}  # unless its leader answers after all
+        async with contextlib.aclosing(self._answers(request)) as answers:
+            async for _broker, response in answers:
+                for topic in response.topics:
+                    for answer in topic.partitions:
+                        key = (str(topic.name), int(answer.partition_index))
+                        if key in below and key not in found:
+                            _read_producers(key, answer, below[key], found, refused)
+                if len(found) == len(below):
+                    break  # every partition's leader answered: no other broker is asked
+        lost = {
+            key: DeadlineUnknown(f"no broker that answered leads {key[0]}/{key[1]}")
+            for key in below
+        }
+        told: dict[Partition, set[int] | DeadlineUnknown] = {**lost, **refused, **found}
+        return told  # the leader's answer, else an error answered, else none
+
+    async def _ends(self, producers: set[int]) -> dict[int, float | DeadlineUnknown]:
+        """Per producer id, when its coordinator will have ended its transaction (start
+        plus timeout; now for one already decided), or why that is not known."""
+        coordinators = await self._coordinators(producers)
+        ends: dict[int, float | DeadlineUnknown] = {
+            pid: DeadlineUnknown(f"no broker lists the transaction of producer {pid}")
+            for pid in producers
+        }
+        for broker in {broker for broker, _tid, _pid in coordinators}:
+            ids = {tid: pid for b, tid, pid in coordinators if b == broker}
+            for tid, end in (await self._described(broker, tuple(ids))).items():
+                if tid in ids:
+                    ends[ids[tid]] = end
+        return ends
 
     async def _coordinators(self, producers: set[int]) -> list[tuple[Endpoint, str, int]]:
         """(coordinator, transactional id, producer id) of the producers' transactions, as
@@ -118,7 +163,7 @@ class TransactionDeadlines:
                 ]
         return found
 
-    async def _answers(self, request: Any) -> AsyncIterator[tuple[Endpoint, Any]]:
+    async def _answers(self, request: Any) -> AsyncGenerator[tuple[Endpoint, Any], None]:
         """Each known broker's answer, in turn; one that does not answer is passed over (a
         broker that went down is often why a partition is being recovered)."""
         for broker in self._known_upstreams():
@@ -129,17 +174,45 @@ class TransactionDeadlines:
                 continue
             yield broker, response
 
-    async def _deadline(self, coordinator: Endpoint, ids: tuple[str, ...]) -> float:
+    async def _described(
+        self, coordinator: Endpoint, ids: tuple[str, ...]
+    ) -> dict[str, float | DeadlineUnknown]:
+        """Per transactional id, when its coordinator will have ended its transaction."""
         request = DescribeTransactionsRequest(transactional_ids=tuple(map(TransactionalId, ids)))
         link = await self._connect(coordinator, TRANSACTIONS_LANE)
-        deadline = 0.0
+        ends: dict[str, float | DeadlineUnknown] = {}
         for state in (await link.request(request)).transaction_states:
+            name = str(state.transactional_id)
             if state.error_code != ErrorCode.none:
-                name = state.transactional_id
-                raise DeadlineUnknown(f"DescribeTransactions of {name}: {state.error_code!r}")
-            if state.transaction_state == ONGOING:
+                ends[name] = DeadlineUnknown(
+                    f"DescribeTransactions of {name}: {state.error_code!r}"
+                )
+            elif state.transaction_state == ONGOING:
                 started = state.transaction_start_time.timestamp()
-                deadline = max(deadline, started + state.transaction_timeout.total_seconds())
+                ends[name] = started + state.transaction_timeout.total_seconds()
             else:
-                deadline = max(deadline, time.time())
-        return deadline
+                ends[name] = time.time()
+        return ends
+
+
+def _read_producers(
+    key: Partition,
+    answer: Any,
+    below: int,
+    found: dict[Partition, set[int]],
+    refused: dict[Partition, DeadlineUnknown],
+) -> None:
+    """What one broker's DescribeProducers answer tells of a partition: nothing when it
+    does not lead it; else the producers with a transaction open below ``below``, or the
+    error it answered (a broker whose metadata lags may not know the topic yet)."""
+    if answer.error_code == ErrorCode.not_leader_or_follower:
+        return
+    if answer.error_code != ErrorCode.none:
+        why = f"DescribeProducers of {key[0]}/{key[1]}: {answer.error_code!r}"
+        refused[key] = DeadlineUnknown(why)
+        return
+    found[key] = {
+        int(p.producer_id)
+        for p in answer.active_producers
+        if 0 <= p.current_txn_start_offset < below
+    }

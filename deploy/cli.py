@@ -82,7 +82,8 @@ def _print_info(info: EnvInfo, seconds: float | None = None) -> None:
     out.print(f"  redis      {redis_url}", highlight=False)
     if info.security == "sasl_ssl":
         out.print(
-            f"  security   SASL_SSL only; CA, certificates and users in {info.tls_dir}",
+            f"  security   SASL_SSL only, ACLs enforced (client: all; proxy: the README's "
+            f"list); CA, certificates and users in {info.tls_dir}",
             highlight=False,
         )
     for proxy in info.proxies:

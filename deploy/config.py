@@ -319,6 +319,58 @@ def replication_settings(brokers: int) -> dict[str, str]:
 
 SECURITY_MODES = ("mixed", "sasl_ssl")
 BROKER_USER = "broker"  # the brokers' own PLAIN user, for replication in sasl_ssl mode
+# The sasl_ssl mode authorizes every request by Kafka's ACLs (`acl_grants`), as a secured
+# production cluster does. Super users: the brokers' own principal on the SASL_SSL listener,
+# and ANONYMOUS, the principal of the loopback-only PLAINTEXT controller listener, which
+# every node's requests to the controllers carry (nothing else can name it: the client
+# listener is SASL_SSL only).
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+SUPER_USERS = (f"User:{BROKER_USER}", "User:ANONYMOUS")
+
+
+@dataclass(frozen=True)
+class AclGrant:
+    """One ALLOW ACL: ``principal`` may do ``operation`` on the resource ``resource_type``
+    ``name`` (``pattern`` "literal", "*" meaning every such resource, or "prefixed")."""
+
+    principal: str
+    resource_type: str  # "topic", "group", "transactional_id", "cluster"
+    name: str
+    pattern: str
+    operation: str  # Kafka's operation names: "read", "write", "describe", "create", "all"
+
+
+def acl_grants(snapshot_topic: str = "__dedup_snapshots") -> list[AclGrant]:
+    """The ACLs of the sasl_ssl mode. ``client`` (the applications, and the tests' admin)
+    may do anything. ``proxy``, the proxies' own principal, gets what the README lists for
+    it and nothing more, so every test in that mode checks that list: on every topic Write
+    (its deduplicated writes; IdempotentWrite is implied), Describe (metadata, offsets) and
+    Read (a recovery's replay, DescribeProducers); Create on the snapshot topic; Write and
+    Describe on the proxies' own transactional ids (``dedup-proxy-<instance>``: the fence,
+    of its own id and of a dead instance's); Describe on every transactional id (when a
+    client's open transaction ends, for a recovery)."""
+    client = [
+        AclGrant("User:client", kind, name, "literal", "all")
+        for kind, name in (
+            ("topic", "*"),
+            ("group", "*"),
+            ("transactional_id", "*"),
+            ("cluster", "kafka-cluster"),
+        )
+    ]
+    proxy = [
+        *(
+            AclGrant("User:proxy", "topic", "*", "literal", op)
+            for op in ("write", "describe", "read")
+        ),
+        AclGrant("User:proxy", "topic", snapshot_topic, "literal", "create"),
+        *(
+            AclGrant("User:proxy", "transactional_id", "dedup-proxy-", "prefixed", op)
+            for op in ("write", "describe")
+        ),
+        AclGrant("User:proxy", "transactional_id", "*", "literal", "describe"),
+    ]
+    return client + proxy
 
 
 @dataclass(frozen=True)
@@ -359,6 +411,8 @@ def listener_settings(
             "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "SASL_SSL",
             "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "authorizer.class.name": AUTHORIZER,
+            "super.users": ";".join(SUPER_USERS),
             **_tls_listener("SASL_SSL", security, trusting=True),
             **_sasl_listener(security, {BROKER_USER: security.password}),
         }

@@ -40,7 +40,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
     AdminClient,
+    ResourcePatternType,
+    ResourceType,
     ScramCredentialInfo,
     ScramMechanism,
     UserScramCredentialUpsertion,
@@ -294,9 +299,19 @@ class LocalEnvironment:
         return LocalRedis(self.home, state.redis_port, state.redis_topology, tls)
 
     def _kafka_config(self, state: _State) -> dict[str, str]:
-        """librdkafka settings of the environment's own requests: as user `proxy` over
-        PLAIN, whose users exist before the SCRAM ones are made."""
-        return self._info(state).kafka_config("proxy", "PLAIN")
+        """librdkafka settings of the environment's own requests (metadata, SCRAM users,
+        ACLs): in the sasl_ssl mode as the brokers' own user over PLAIN, a super user, whose
+        users exist before the SCRAM ones are made; none in the mixed mode."""
+        if state.security != "sasl_ssl":
+            return {}
+        certs = self.tls.ensure()
+        return {
+            "security.protocol": "sasl_ssl",
+            "ssl.ca.location": str(certs.ca_file),
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": config.BROKER_USER,
+            "sasl.password": certs.keystore_password,
+        }
 
     def _every_redis_process(self) -> list[ManagedProcess]:
         """The Redis processes of every topology (whichever ran last)."""
@@ -508,6 +523,8 @@ class LocalEnvironment:
             deadline = time.monotonic() + timeout
             self._wait_for_brokers(state, set(nodes), set(nodes), deadline)
             self._ensure_scram_users(state)
+            if state.security == "sasl_ssl":
+                self._ensure_acls(state)
             self._wait_for_redis(state, deadline)
             state = dataclasses.replace(
                 state,
@@ -922,6 +939,19 @@ class LocalEnvironment:
             ]
             _alter_scram_users(admin, upserts, deadline)
 
+    def _ensure_acls(self, state: _State) -> None:
+        """The sasl_ssl mode's ACLs (`config.acl_grants`); creating them again is harmless."""
+        admin = AdminClient(
+            {"bootstrap.servers": f"{HOST}:{_ports(state).client(0)}", **self._kafka_config(state)},
+            logger=_quiet_logger(),
+        )
+        bindings = [_acl_binding(grant) for grant in config.acl_grants()]
+        for binding, future in admin.create_acls(bindings, request_timeout=30).items():
+            try:
+                future.result(timeout=60)
+            except KafkaException as exc:
+                raise LocalEnvError(f"could not create the ACL {binding}: {exc}") from exc
+
     # --- Redis --------------------------------------------------------------------------
 
     def _start_redis_processes(self, state: _State) -> None:
@@ -935,6 +965,21 @@ class LocalEnvironment:
             self._redis(state).wait_ready(deadline)
         except LocalRedisError as exc:
             raise LocalEnvError(str(exc)) from exc
+
+
+def _acl_binding(grant: config.AclGrant) -> AclBinding:
+    literal = grant.pattern == "literal"
+    # librdkafka names Kafka's CLUSTER resource type (4) BROKER.
+    kind = "BROKER" if grant.resource_type == "cluster" else grant.resource_type.upper()
+    return AclBinding(
+        ResourceType[kind],
+        grant.name,
+        ResourcePatternType.LITERAL if literal else ResourcePatternType.PREFIXED,
+        grant.principal,
+        "*",
+        AclOperation[grant.operation.upper()],
+        AclPermissionType.ALLOW,
+    )
 
 
 def _alter_scram_users(admin: AdminClient, upserts: list[Any], deadline: float) -> None:

@@ -17,14 +17,17 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from dedup.client import DedupProducer
 from deploy.config import rack_of
 from deploy.local import EnvInfo, LocalEnvironment, java_tool_command
 from deploy.tls import LocalTls
 from tests.support.java_clients import client_properties
+from tests.support.kafka_io import assert_exactly_once_in_order, read_all
 from tests.support.ports import SECURED_CLUSTER_ENV
 from tests.support.proxy_api import (
     FETCHES,
     NODE_ID_STRIDE,
+    admin_call_at,
     all_see_each_other,
     metrics_at,
     series_total,
@@ -120,6 +123,42 @@ def test_a_rack_aware_consumer_reads_its_racks_replica_through_a_secured_group(
         f"read from node {fetched_from}, not the follower"
     )
     assert fetched_from >= NODE_ID_STRIDE, "a node of the group, not the broker's own id"
+
+
+def test_a_killed_instances_partition_is_taken_over_and_fenced_under_the_proxys_acls(
+    environment: LocalEnvironment,
+) -> None:
+    """The instances log in to Kafka as `proxy`, which has only the ACLs the README lists
+    for the proxy's principal. The owner of a partition is killed; the other instance
+    takes the partition over: it fences the dead instance's transactional id
+    (`dedup-proxy-proxy-N`: InitProducerId, `Write` on it) and replays the log (`Read`). A
+    producer's re-sends through it are written once."""
+    info = grouped(environment.up(brokers=3, proxies=2, placement="balanced", security="sasl_ssl"))
+    config = client_config(info)
+    topic = new_topic(info.bootstrap, replication_factor=3, client_config=config)
+    first = DedupProducer(info.proxies[0].bootstrap, "taken-over", **config)
+    for n in range(100):
+        first.send(topic, str(n).encode(), sequence_id=n)
+    assert first.flush(60) == 0
+    (owner,) = [
+        i
+        for i, proxy in enumerate(info.proxies)
+        if f"{topic}/0" in admin_call_at(proxy.admin, "GET", "/v1/ownership")["held"]
+    ]
+    survivor = 1 - owner
+    assert environment.kill_proxy(owner + 1)
+    try:
+        again = DedupProducer(info.proxies[survivor].bootstrap, "taken-over", **config)
+        for n in range(50, 150):  # 50 re-sent, 50 new
+            again.send(topic, str(n).encode(), sequence_id=n)
+        assert again.flush(120) == 0
+        written = [value for value, _ in read_all(info.bootstrap, topic, **config)]
+        assert_exactly_once_in_order(written, 150)
+        log = (environment.proxy_dir(survivor + 1) / "process.log").read_text().splitlines()
+        fenced = [line for line in log if "fencing before takeover" in line]
+        assert any(f'"instance": "proxy-{owner + 1}"' in line for line in fenced), fenced
+    finally:
+        environment.start_proxy(owner + 1)
 
 
 def test_a_rack_aware_consumer_reads_its_racks_replica_through_secured_sidecars(

@@ -2,14 +2,19 @@
 Kafka serves SASL_SSL only (replication too), Redis TLS only with client certificates and
 a password, and the environment's own proxy speaks TLS to its clients and SCRAM to Kafka.
 Nothing reaches either without credentials; dedup holds through a SIGKILL of the proxy for
-librdkafka and for Kafka's Java producer, both with SCRAM over TLS through the proxy.
+librdkafka and for Kafka's Java producer, both with SCRAM over TLS through the proxy. Kafka
+enforces ACLs, and the proxy's principal has only those the README lists for it
+(`deploy.config.acl_grants`): every test here runs the proxy on them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,16 +23,29 @@ import kio.schema.api_versions.v0.request as api_versions_v0
 import kio.schema.metadata.v12.request as metadata_v12
 import pytest
 import redis
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from dedup.client import DedupProducer
+from dedup.transaction_deadlines import DeadlineUnknown
 from deploy.local import EnvInfo, LocalEnvironment
 from deploy.tls import LocalTls
+from proxy.kafka.sasl import SaslCredentials
 from proxy.kafka.upstream_client import encode_request
+from proxy.runtime.security import UpstreamSecurity
 from tests.support.java_clients import client_properties, sent, verifiable_producer
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
 from tests.support.ports import SECURED_ENV
 from tests.support.raw import correlation_id, read_response
 from tests.support.topics import new_topic
+from tests.support.transactions import deadlines, open_transaction
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -200,3 +218,75 @@ def test_the_java_producer_with_scram_through_a_kill_of_the_environments_proxy(
     assert sent(events) == (total, [])
     written = [value for value, _ in read_all(info.bootstrap, topic, **client_config(info))]
     assert_exactly_once_in_order(written, total)
+
+
+def test_the_proxys_principal_learns_a_transactions_deadline_only_where_acls_let_it(
+    secured: tuple[LocalEnvironment, EnvInfo],
+) -> None:
+    """Kafka's ACLs as the README lists them for the proxy's principal (`proxy` here, over
+    SCRAM and TLS, as the proxy's own connections log in): with `Describe` on a client's
+    transactional id, a recovery learns when Kafka will abort its open transaction. Denied
+    it (an explicit DENY here), Kafka leaves the transaction out of ListTransactions, so the
+    deadline is unknown and the recovery waits `replay_transaction_wait_s`. Denied `Read` on
+    the topic, DescribeProducers is refused: unknown too."""
+    _, info = secured
+    client = client_config(info)
+    topic = new_topic(info.bootstrap, partitions=2, client_config=client)
+    hidden_id = f"tx-hidden-{uuid.uuid4().hex[:8]}"
+    began = time.time()
+    told = open_transaction(info.bootstrap, 20, (topic, 0), **client)
+    hidden = open_transaction(info.bootstrap, 20, (topic, 1), transactional_id=hidden_id, **client)
+    opened = time.time()
+    certs = LocalTls(Path(info.tls_dir))
+    security = UpstreamSecurity(
+        "SASL_SSL",
+        ca_file=certs.ca_file,
+        sasl=SaslCredentials("SCRAM-SHA-512", "proxy", certs.sasl_users["proxy"]),
+    ).link()
+    below = {(topic, 0): 1, (topic, 1): 1}
+    admin = AdminClient({"bootstrap.servers": info.bootstrap, **client})
+    deny_describe = (ResourceType.TRANSACTIONAL_ID, hidden_id, AclOperation.DESCRIBE)
+    deny_read = (ResourceType.TOPIC, topic, AclOperation.READ)
+    try:
+        found = asyncio.run(deadlines(info.bootstrap, below, security))
+        for key in below:  # both told while the ACLs allow it
+            deadline = found[key]
+            assert not isinstance(deadline, DeadlineUnknown), (key, deadline)
+            assert began + 48 <= deadline <= opened + 52, (key, deadline - began)
+        for future in admin.create_acls([denial(AclBinding, *deny_describe)]).values():
+            future.result(30)
+
+        def told_for(key: tuple[str, int]) -> bool | None:
+            answer = asyncio.run(deadlines(info.bootstrap, below, security))[key]
+            return not isinstance(answer, DeadlineUnknown)
+
+        wait_until(lambda: told_for((topic, 1)) is False, 30, "the DENY taken")
+        found = asyncio.run(deadlines(info.bootstrap, below, security))
+        assert not isinstance(found[(topic, 0)], DeadlineUnknown), found
+        assert "no broker lists the transaction" in str(found[(topic, 1)]), found
+        for future in admin.create_acls([denial(AclBinding, *deny_read)]).values():
+            future.result(30)
+        wait_until(lambda: told_for((topic, 0)) is False, 30, "the DENY of Read taken")
+        found = asyncio.run(deadlines(info.bootstrap, below, security))
+        for key in below:
+            assert "topic_authorization_failed" in str(found[key]), found
+    finally:
+        filters = [denial(AclBindingFilter, *deny) for deny in (deny_describe, deny_read)]
+        for future in admin.delete_acls(filters).values():  # the module's env is shared
+            future.result(30)
+        told.abort_transaction(30)
+        hidden.abort_transaction(30)
+
+
+def denial(kind: Any, resource_type: ResourceType, name: str, operation: AclOperation) -> Any:
+    """A DENY of ``operation`` on a resource to user `proxy` (``kind``: `AclBinding`, or
+    `AclBindingFilter` to delete it)."""
+    return kind(
+        resource_type,
+        name,
+        ResourcePatternType.LITERAL,
+        "User:proxy",
+        "*",
+        operation,
+        AclPermissionType.DENY,
+    )

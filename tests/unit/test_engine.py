@@ -1187,6 +1187,26 @@ async def test_a_transaction_naming_another_principals_producer_is_answered_whol
         assert rig.writer.log == {}
 
 
+async def test_a_transactions_partitions_share_the_requests_decompressed_bound() -> None:
+    """An authenticated client's transactional batches are read for the names they carry
+    within `max_request_decompressed_bytes`, shared by the request's partitions as outside
+    a transaction: so one request cannot make the proxy decompress without end."""
+    bindings = prefix_bindings({"orders-": "User:orders"})
+    named = transactional_batch([(HEADER_PRODUCER, b"orders-1"), (HEADER_SEQUENCE, b"4")])
+    size = len(named) - HEADER_SIZE  # uncompressed: its records are what it decompresses to
+    async with running(max_request_decompressed_bytes=size * 3 // 2, bindings=bindings) as rig:
+        refuse = rig.engine.refuse_foreign_names_in_transaction
+        one = produce_request((P0, named), transactional_id="tx")
+        assert await refuse(one, "User:orders") is None, "one partition is within the bound"
+        two = produce_request((P0, named), (P1, named), transactional_id="tx")
+        answers = await refuse(two, "User:orders")
+        assert answers is not None, "the second partition is past the request's bound"
+        assert answers[P1].error_code == ErrorCode.message_too_large
+        assert "max_request_decompressed_bytes" in (answers[P1].error_message or "")
+        assert answers[P0].error_code == ErrorCode.not_enough_replicas, "refused whole"
+        assert rig.writer.log == {}
+
+
 # ----------------------------------------------------------------------------- order
 
 

@@ -291,6 +291,8 @@ def test_sasl_ssl_mode_leaves_clients_and_replication_nothing_else() -> None:
     assert p["inter.broker.listener.name"] == "SASL_SSL"
     assert p["sasl.mechanism.inter.broker.protocol"] == "PLAIN"
     assert p["listener.name.sasl_ssl.ssl.truststore.location"] == "/k/trust.p12"
+    assert p["authorizer.class.name"] == config.AUTHORIZER
+    assert p["super.users"] == "User:broker;User:ANONYMOUS"
     assert p["listener.name.sasl_ssl.plain.sasl.jaas.config"] == (
         "org.apache.kafka.common.security.plain.PlainLoginModule required "
         'username="broker" password="secret" user_proxy="pw1" user_broker="secret";'
@@ -503,3 +505,27 @@ def test_redis_node_configs_per_topology(tmp_path: Path) -> None:
     sentinel = config.sentinel_config(16389, 16379, tmp_path, tmp_path / "s.log")
     assert "sentinel monitor dedup 127.0.0.1 16379 2\n" in sentinel
     assert "pidfile" not in sentinel
+
+
+def test_the_proxys_principal_gets_the_readmes_list_and_nothing_more() -> None:
+    """The sasl_ssl mode's ACLs: `client` may do anything; `proxy` only what the README
+    lists for the proxy's principal, never on the cluster or on groups, never "all"."""
+    grants = config.acl_grants("snapshots")
+    proxy = {
+        (g.resource_type, g.name, g.pattern, g.operation)
+        for g in grants
+        if g.principal == "User:proxy"
+    }
+    assert proxy == {
+        ("topic", "*", "literal", "write"),
+        ("topic", "*", "literal", "describe"),
+        ("topic", "*", "literal", "read"),
+        ("topic", "snapshots", "literal", "create"),
+        ("transactional_id", "dedup-proxy-", "prefixed", "write"),
+        ("transactional_id", "dedup-proxy-", "prefixed", "describe"),
+        ("transactional_id", "*", "literal", "describe"),
+    }
+    assert {g.principal for g in grants} == {"User:proxy", "User:client"}
+    assert {g.operation for g in grants if g.principal == "User:client"} == {"all"}
+    mixed = config.KafkaSecurity(Path("/k/s.p12"), Path("/k/t.p12"), "secret", {}, "mixed")
+    assert "authorizer.class.name" not in config.server_properties(0, 1, Ports(), DATA, mixed)

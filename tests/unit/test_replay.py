@@ -60,13 +60,13 @@ class FakeError:
 class FakeMessage:
     """What `Fold.add` uses of a confluent_kafka.Message."""
 
-    offset_: int
+    offset_: int | None  # None: an event that names no partition
     headers_: Headers | None = None
     timestamp_: int = 0
     error_: FakeError | None = None
     kind_: int = TIMESTAMP_CREATE_TIME
 
-    def offset(self) -> int:
+    def offset(self) -> int | None:
         return self.offset_
 
     def headers(self) -> Headers | None:
@@ -552,6 +552,20 @@ def test_loop_raises_on_a_kafka_error() -> None:
     error = FakeMessage(3, error_=FakeKafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "no topic"))
     with pytest.raises(ReplayError, match="no topic"):
         run(FakeConsumer(0, {0: [records(range(0, 3)), [error]]}), 0, 9)
+
+
+def test_loop_reads_on_past_a_refused_group_lookup() -> None:
+    """The replay's consumer names a group (librdkafka wants one) but joins none: a
+    principal without an ACL on it gets the coordinator lookup refused, an event without a
+    partition or an offset, alone in a batch or after records. It changes nothing of the
+    read (before, it failed every recovery: TypeError on the missing offset)."""
+    refused = FakeKafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED, "Group authorization failed")
+    lookup = FakeMessage(None, error_=refused)
+    consumer = FakeConsumer(
+        0, {0: [[lookup], [*records(range(0, 3)), lookup], [*records(range(3, 5)), eof(5)]]}
+    )
+    result = run(consumer, 0, 5)
+    assert (result.records, result.highest) == (5, {"p": (4, 4)})
 
 
 def test_loop_raises_when_stalled() -> None:
