@@ -19,12 +19,14 @@ from dataclasses import replace
 from typing import Any, Final, cast
 
 import structlog
+from kio.schema.errors import ErrorCode
 from kio.schema.types import BrokerId
 from kio.static.primitive import i32, i64
 from kio.static.protocol import ResponsePayload
 
 from dedup.batches import copy_of, records_declared
 from dedup.engine import Admission, DedupEngine, PartitionAnswer
+from dedup.write_permissions import PermissionUnknown, unwritable
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.error_codes import error_code
 from proxy.kafka.produce_codec import PartitionRow, encode_produce_answers
@@ -68,6 +70,10 @@ class DedupProduceFilter:
         )
         if refused is not None:
             return Respond.now(produce_answer(frame.header.api_version, refused, request))
+        if request.transactional_id is None:  # else forwarded: Kafka checks it itself
+            refused = await _unauthorized_writes(request, context)
+            if refused is not None:
+                return Respond.now(produce_answer(frame.header.api_version, refused, request))
         admission = await self._engine.admit(
             request, context.identity.principal, context.connection
         )
@@ -122,6 +128,39 @@ class DedupProduceFilter:
         """Wait for every write already taken (graceful shutdown)."""
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
+
+
+async def _unauthorized_writes(
+    request: Any, context: FilterContext
+) -> dict[tuple[str, int], PartitionAnswer] | None:
+    """None when Kafka lets the client write every topic of the request (the proxy writes
+    it under its own principal: `dedup.write_permissions`); else every partition's answer,
+    nothing written: the refused topics' as Kafka would answer them, the others' retriable,
+    for the client to send again without them."""
+    topics = {str(topic.name) for topic in request.topic_data}
+    try:
+        refused = await unwritable(context, topics)
+        refusal = PartitionAnswer(
+            ErrorCode.topic_authorization_failed,
+            error_message="Kafka does not let this client write the topic",
+        )
+    except PermissionUnknown as exc:
+        refused = topics
+        refusal = PartitionAnswer(
+            ErrorCode.not_enough_replicas,
+            error_message=f"not written: whether the client may write is unknown ({exc})",
+        )
+    if not refused:
+        return None
+    others = PartitionAnswer(
+        ErrorCode.not_enough_replicas,
+        error_message="not written: another topic of the request was refused",
+    )
+    return {
+        (str(topic.name), int(part.index)): refusal if str(topic.name) in refused else others
+        for topic in request.topic_data
+        for part in topic.partition_data
+    }
 
 
 # Clients built on librdkafka, by the software name their ApiVersions request gives (read in

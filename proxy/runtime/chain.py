@@ -75,6 +75,14 @@ def _may_name_brokers(
     return BrokerNames(endpoints=named, ids=named)
 
 
+class AskAsClient(Protocol):
+    """Kafka's answer to a request sent as the client (`FilterContext.ask_as_client`);
+    raises OSError (ConnectionError) when the connection is closed or closes, TimeoutError
+    when Kafka does not answer within ``timeout_s``."""
+
+    async def __call__(self, request: RequestPayload, timeout_s: float) -> ResponsePayload: ...
+
+
 @dataclass(slots=True)
 class ClientIdentity:
     """Who the client of a connection is, once it proved it: Kafka's principal name
@@ -85,6 +93,9 @@ class ClientIdentity:
     mechanism: str | None = None
     user: str | None = None
     rounds: int = 0
+    # What Kafka told of the client's right to write each topic, and until when that is
+    # taken as true (`dedup.write_permissions`).
+    may_write: dict[str, tuple[bool, float]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -108,6 +119,10 @@ class FilterContext:
     software: ClientSoftware = field(default_factory=ClientSoftware, compare=False)
     # Stands for the client connection, one per connection (kept by `replace`).
     connection: object = field(default_factory=object, compare=False, repr=False)
+    # Sends a request of the proxy's own on the client's upstream connection, so Kafka
+    # answers it as the client (its principal, its session), and returns Kafka's answer;
+    # the client never sees either. None until that connection is open.
+    ask_as_client: AskAsClient | None = field(default=None, compare=False, repr=False)
 
     def may_name_brokers(
         self, api_key: int, version: int, payload: bytes, start: int, by_id: bool = False

@@ -20,9 +20,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 import structlog
+from kio.static.protocol import RequestPayload, ResponsePayload
 
+from proxy.kafka.schemas import decode_response_body, response_header_is_flexible
 from proxy.kafka.topology import Endpoint, Topology
-from proxy.kafka.upstream_client import open_upstream
+from proxy.kafka.upstream_client import encode_request, open_upstream
 from proxy.kafka.wire import (
     FrameError,
     RequestHeader,
@@ -30,6 +32,7 @@ from proxy.kafka.wire import (
     expects_response,
     parse_request_header,
     read_frame,
+    response_body_start,
 )
 from proxy.runtime import metrics
 from proxy.runtime.chain import (
@@ -47,10 +50,14 @@ log = structlog.get_logger(__name__)
 
 # Responses are bounded by the client's own fetch sizes, not by the request limit.
 MAX_RESPONSE_BYTES = 1 << 30
+# The correlation id of the proxy's own requests on a client's connection (`_ask_as_client`):
+# answers are matched by their order, so any id will do; a negative one tells them apart in
+# a capture.
+ASKED_CORRELATION_ID = -7
 _WRITE_BUFFER_HIGH = 4 << 20
 
 
-class UpstreamClosed(Exception):
+class UpstreamClosed(ConnectionError):
     """The upstream broker connection ended; requests still waiting get no answer."""
 
 
@@ -112,6 +119,7 @@ class ClientConnection:
         self._awaiting_upstream: deque[_Pending] = deque()
         self._draining = False
         self._request_task: asyncio.Task[None] | None = None
+        self._upstream_writer: asyncio.StreamWriter | None = None
         peer = client_writer.get_extra_info("peername")
         self.log = log.bind(listener=listener, client=f"{peer[0]}:{peer[1]}" if peer else "?")
 
@@ -176,7 +184,10 @@ class ClientConnection:
                 # asyncio.timeout: 3.11's wait_for can lose a shutdown's cancellation.
                 async with asyncio.timeout(self._settings.connect_timeout_s):
                     streams = await open_upstream(endpoint, self._settings.upstream_tls)
-                self._context = replace(self._context, upstream=endpoint)
+                self._upstream_writer = streams[1]
+                self._context = replace(
+                    self._context, upstream=endpoint, ask_as_client=self._ask_as_client
+                )
                 return streams
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{endpoint}: {exc or type(exc).__name__}")
@@ -259,6 +270,26 @@ class ClientConnection:
             )
             self._in_flight.release()
             await client.drain()
+
+    async def _ask_as_client(self, request: RequestPayload, timeout_s: float) -> ResponsePayload:
+        """A request of the proxy's own, in line with the client's on its upstream
+        connection: Kafka answers it in order, and the answer goes to the caller only."""
+        upstream = self._upstream_writer
+        if upstream is None or upstream.is_closing():
+            raise UpstreamClosed("the client's upstream connection is not open")
+        frame = encode_request(request, ASKED_CORRELATION_ID)
+        header = parse_request_header(frame[4:])
+        pending = _Pending(header, asyncio.get_running_loop().create_future())
+        assert pending.upstream is not None
+        # Queued and written with no await between: no other frame can come in between.
+        self._awaiting_upstream.append(pending)
+        upstream.write(frame)
+        async with asyncio.timeout(timeout_s):  # shielded: a late answer is still read
+            answer = await asyncio.shield(pending.upstream)
+        api_key, version = int(request.__api_key__), int(request.__version__)
+        start = response_body_start(answer, response_header_is_flexible(api_key, version))
+        response: ResponsePayload = decode_response_body(api_key, version, answer, start)
+        return response
 
     def _unanswered_done(self, answer: asyncio.Future[LocalAnswer]) -> None:
         """A request the client expects no answer to (acks=0) is done: its slot is free."""

@@ -10,6 +10,7 @@ enforces ACLs, and the proxy's principal has only those the README lists for it
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 import ssl
 import threading
@@ -23,6 +24,7 @@ import kio.schema.api_versions.v0.request as api_versions_v0
 import kio.schema.metadata.v12.request as metadata_v12
 import pytest
 import redis
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -32,6 +34,7 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
+from kio.schema.errors import ErrorCode
 
 from dedup.client import DedupProducer
 from dedup.transaction_deadlines import DeadlineUnknown
@@ -43,7 +46,13 @@ from proxy.runtime.security import UpstreamSecurity
 from tests.support.java_clients import client_properties, sent, verifiable_producer
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
 from tests.support.ports import SECURED_ENV
-from tests.support.raw import correlation_id, read_response
+from tests.support.raw import (
+    correlation_id,
+    explicit_batch,
+    first_answer,
+    produce_request,
+    read_response,
+)
 from tests.support.topics import new_topic
 from tests.support.transactions import deadlines, open_transaction
 from tests.support.wait import wait_until
@@ -278,15 +287,111 @@ def test_the_proxys_principal_learns_a_transactions_deadline_only_where_acls_let
         hidden.abort_transaction(30)
 
 
-def denial(kind: Any, resource_type: ResourceType, name: str, operation: AclOperation) -> Any:
-    """A DENY of ``operation`` on a resource to user `proxy` (``kind``: `AclBinding`, or
+def denial(
+    kind: Any,
+    resource_type: ResourceType,
+    name: str,
+    operation: AclOperation,
+    user: str = "proxy",
+) -> Any:
+    """A DENY of ``operation`` on a resource to ``user`` (``kind``: `AclBinding`, or
     `AclBindingFilter` to delete it)."""
     return kind(
         resource_type,
         name,
         ResourcePatternType.LITERAL,
-        "User:proxy",
+        f"User:{user}",
         "*",
         operation,
         AclPermissionType.DENY,
     )
+
+
+def test_a_client_kafka_does_not_let_write_a_topic_cannot_write_it_through_dedup(
+    secured: tuple[LocalEnvironment, EnvInfo],
+) -> None:
+    """The proxy writes deduplicated records under its own principal, which may write every
+    topic; the client's own right to write is Kafka's to decide. Denied `Write` on one topic
+    (an explicit DENY here), a client's records to it through the proxy are refused with
+    Kafka's TOPIC_AUTHORIZATION_FAILED and nothing reaches the log, while its records to
+    another topic are written; the same client writing straight to Kafka is refused alike."""
+    _, info = secured
+    client = client_config(info)
+    denied, allowed = (new_topic(info.bootstrap, client_config=client) for _ in range(2))
+    admin = AdminClient({"bootstrap.servers": info.bootstrap, **client})
+    deny_write = denial(AclBinding, ResourceType.TOPIC, denied, AclOperation.WRITE, "client")
+    for future in admin.create_acls([deny_write]).values():
+        future.result(30)
+    try:
+        direct = DedupProducer(info.bootstrap, "denied-direct", **client)
+        attempts = itertools.count()
+        last: list[str] = []
+
+        def refused_directly() -> bool:
+            n = next(attempts)
+            last[:] = send_failures(direct, denied, range(n, n + 1))
+            return last == ["TOPIC_AUTHORIZATION_FAILED"]
+
+        # Until the DENY reached the broker's authorizer, the direct writes land: counted.
+        wait_until(
+            refused_directly, 30, lambda: f"Kafka refusing the client's writes (last: {last})"
+        )
+        landed = end_offset(info.bootstrap, denied, **client)
+        through = DedupProducer(info.proxies[0].bootstrap, "denied", **client)
+        assert send_failures(through, denied, range(3)) == ["TOPIC_AUTHORIZATION_FAILED"] * 3
+        other = DedupProducer(info.proxies[0].bootstrap, "allowed", **client)
+        assert send_failures(other, allowed, range(3)) == []
+    finally:
+        filters = [
+            denial(AclBindingFilter, ResourceType.TOPIC, denied, AclOperation.WRITE, "client")
+        ]
+        for future in admin.delete_acls(filters).values():
+            future.result(30)
+    assert end_offset(info.bootstrap, denied, **client) == landed, "nothing through the proxy"
+    assert end_offset(info.bootstrap, allowed, **client) == 3
+
+
+def send_failures(producer: DedupProducer, topic: str, sequences: range) -> list[str]:
+    """The error names of the records sent under ``sequences`` (none: all written)."""
+    failures: list[str] = []
+
+    def on_delivery(error: Any, _message: object) -> None:
+        if error is not None:
+            failures.append(error.name())
+
+    for n in sequences:
+        try:
+            producer.send(topic, str(n).encode(), sequence_id=n, on_delivery=on_delivery)
+        except KafkaException as exc:  # librdkafka refuses at once a topic it was refused
+            failures.append(exc.args[0].name())
+    producer.flush(60)
+    return failures
+
+
+def test_a_client_that_never_authenticated_writes_nothing_through_dedup(
+    secured: tuple[LocalEnvironment, EnvInfo],
+) -> None:
+    """A Produce request through the proxy's TLS listener without SASL first: Kafka would
+    close such a connection, and the proxy, which writes under its own principal, must not
+    write it either. Asked as this client whether it may write, Kafka closes the
+    connection: nothing reaches the log."""
+    _, info = secured
+    client = client_config(info)
+    topic = new_topic(info.bootstrap, client_config=client)
+    certs = LocalTls(Path(info.tls_dir))
+    host, port = info.proxies[0].bootstrap.split(":")
+    context = ssl.create_default_context(cafile=str(certs.ca_file))
+    request = encode_request(produce_request(topic, {0: explicit_batch([("sneaky", 0)])}), 11)
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=host) as tls,
+    ):
+        tls.settimeout(20)
+        tls.sendall(request)
+        try:
+            answer = read_response(tls)
+        except (ConnectionError, ssl.SSLError, EOFError):
+            answer = b""
+    if answer:  # answered: refused, never written
+        assert first_answer(answer).error_code != ErrorCode.none
+    assert end_offset(info.bootstrap, topic, **client) == 0

@@ -37,6 +37,7 @@ from proxy.kafka.topology import Endpoint
 from proxy.kafka.upstream_client import encode_request
 from proxy.kafka.wire import FrameError, parse_request_header
 from proxy.runtime.chain import (
+    ClientIdentity,
     ClientSoftware,
     EncodedResponse,
     LocalAnswer,
@@ -44,6 +45,7 @@ from proxy.runtime.chain import (
     Respond,
     encode_response,
 )
+from tests.support.permissions import READ, KafkaAnswering
 from tests.support.raw import explicit_batch, produce_request, produce_request_to
 from tests.support.threads import record_to_thread
 
@@ -128,14 +130,17 @@ async def _responded(
     records: bytes = b"records",
     software: ClientSoftware | None = None,
     numbering_from_base: Sequence[str] = (),
+    kafka: Any = None,
 ) -> tuple[DedupProduceFilter, Respond]:
-    """The filter over `engine`, and its decision on one Produce request (a `Respond`)."""
+    """The filter over `engine`, and its decision on one Produce request (a `Respond`);
+    ``kafka`` answers whether the client may write (`KafkaAnswering`: it may)."""
     produce_filter = DedupProduceFilter(cast(Any, engine), numbering_from_base)
     context = SimpleNamespace(
-        identity=SimpleNamespace(principal=None),
+        identity=ClientIdentity(),
         upstream=BROKER,
         connection=CONNECTION,
         software=software or ClientSoftware(),
+        ask_as_client=kafka or KafkaAnswering(),
     )
     decision = await produce_filter.on_request(frame_of(records), cast(Any, context))
     assert isinstance(decision, Respond)
@@ -187,6 +192,43 @@ def test_a_refused_transactional_request_is_answered_at_once_and_never_admitted(
     (topic,) = response.responses
     (partition,) = topic.partition_responses
     assert (int(partition.error_code), partition.error_message) == (29, "no")
+
+
+@pytest.mark.parametrize(
+    ("kafka", "code", "message"),
+    [
+        (KafkaAnswering(granted={"t": READ}), 29, "Kafka does not let this client write"),
+        (KafkaAnswering(errors={"t": ErrorCode.topic_authorization_failed}), 29, "write"),
+        (None, None, None),  # Kafka does not answer in time
+    ],
+    ids=["read-only", "not-even-describe", "no-answer"],
+)
+def test_a_client_kafka_does_not_let_write_is_refused_and_never_admitted(
+    kafka: Any, code: int | None, message: str | None
+) -> None:
+    """The proxy writes under its own principal, so it asks Kafka, as the client, whether
+    the client may write the topic (`dedup.write_permissions`); where it may not, Kafka's
+    answer is given and nothing written. No answer: refused, retriable."""
+
+    async def timing_out(request: Any, timeout_s: float) -> Any:
+        raise TimeoutError
+
+    async def scenario() -> Any:
+        engine = _HeldEngine()
+        _, decision = await _responded(engine, kafka=kafka or timing_out)
+        assert decision.answer.done()
+        assert engine.connections == []  # not admitted: no place in the line
+        return decision.answer.result()
+
+    response = as_read(asyncio.run(scenario()), 9)
+    (topic,) = response.responses
+    (partition,) = topic.partition_responses
+    if code is None:
+        assert int(partition.error_code) == ErrorCode.not_enough_replicas
+        assert "whether the client may write is unknown" in partition.error_message
+    else:
+        assert int(partition.error_code) == code
+        assert message in partition.error_message
 
 
 def test_a_connection_that_stops_waiting_leaves_the_write_running() -> None:

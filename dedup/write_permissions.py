@@ -1,0 +1,88 @@
+"""Whether Kafka lets a client write a topic: asked of Kafka, as the client.
+
+A Produce request through dedup is written on the proxy's own connections, under the
+proxy's principal, so Kafka never checks the client's own right to write: without this
+check a client allowed only to read a topic, or not even that, could write it through the
+proxy. So before the engine takes a request, the proxy asks Kafka on the client's own
+upstream connection (its principal, its session: `FilterContext.ask_as_client`) a Metadata
+request for the request's topics with their authorized operations (KIP-430), and refuses
+the topics whose answer lacks WRITE, with Kafka's own error (TOPIC_AUTHORIZATION_FAILED).
+A Kafka without an authorizer grants every operation. A client that has not authenticated
+to a SASL listener gets no answer: its connection is closed by Kafka.
+
+Kafka checks every request; the proxy keeps an answer for `REMEMBERED_S` per connection,
+so an ACL taken away reaches a connection's writes through dedup within that long.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from typing import Final, cast
+
+import structlog
+from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.metadata.v12.response import MetadataResponse, MetadataResponseTopic
+from kio.schema.types import TopicName
+
+from dedup import metrics
+from proxy.runtime.chain import FilterContext
+
+log = structlog.get_logger(__name__)
+
+REMEMBERED_S: Final = 30.0
+ASK_TIMEOUT_S: Final = 10.0
+WRITE: Final = 1 << 4  # Kafka's AclOperation WRITE (code 4), in the authorized-operations bits
+NOT_TOLD: Final = -(2**31)  # the field's value when Kafka was not asked (or is too old)
+
+
+class PermissionUnknown(Exception):
+    """Kafka did not answer whether the client may write (no upstream connection, or
+    no answer in time)."""
+
+
+async def unwritable(context: FilterContext, topics: Collection[str]) -> set[str]:
+    """The topics Kafka does not let the client of ``context`` write. Raises
+    `PermissionUnknown` when Kafka was to be asked and did not answer."""
+    now = time.monotonic()
+    known = context.identity.may_write
+    to_ask = [topic for topic in topics if topic not in known or known[topic][1] <= now]
+    if to_ask:
+        await _ask(context, to_ask, now + REMEMBERED_S)
+    return {topic for topic in topics if not known[topic][0]}
+
+
+async def _ask(context: FilterContext, topics: list[str], until: float) -> None:
+    if context.ask_as_client is None:
+        raise PermissionUnknown("the client's upstream connection is not open")
+    request = MetadataRequest(
+        topics=tuple(MetadataRequestTopic(topic_id=None, name=TopicName(t)) for t in topics),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=True,
+    )
+    try:
+        response = cast(MetadataResponse, await context.ask_as_client(request, ASK_TIMEOUT_S))
+    except (OSError, TimeoutError) as exc:
+        raise PermissionUnknown(f"Kafka did not answer: {exc or type(exc).__name__}") from exc
+    told = {str(topic.name): topic for topic in response.topics}
+    for name in topics:
+        topic = told.get(name)
+        writable = topic is None or _writable(topic)
+        context.identity.may_write[name] = (writable, until)
+        if not writable:
+            metrics.BAD_INPUT.labels("write_not_authorized").inc()
+            log.warning(
+                "Kafka does not let the client write the topic; refusing its writes",
+                topic=name,
+                principal=context.identity.principal,
+            )
+
+
+def _writable(topic: MetadataResponseTopic) -> bool:
+    """Whether one topic of Kafka's Metadata answer lets the asking client write it. A
+    topic Kafka does not know is not refused here: the produce path answers it."""
+    if topic.error_code == ErrorCode.topic_authorization_failed:
+        return False
+    operations = int(topic.topic_authorized_operations)
+    return topic.error_code != ErrorCode.none or operations == NOT_TOLD or bool(operations & WRITE)
