@@ -32,6 +32,10 @@ from proxy.runtime.chain import FilterContext
 log = structlog.get_logger(__name__)
 
 REMEMBERED_S: Final = 30.0
+# Answers kept per connection, at most (and one request's topics over it): a client naming
+# ever new topics (Kafka refuses any name to a client that may not describe it, existing or
+# not) must not grow the proxy's memory without bound.
+MAX_REMEMBERED: Final = 1000
 ASK_TIMEOUT_S: Final = 10.0
 WRITE: Final = 1 << 4  # Kafka's AclOperation WRITE (code 4), in the authorized-operations bits
 NOT_TOLD: Final = -(2**31)  # the field's value when Kafka was not asked (or is too old)
@@ -66,6 +70,7 @@ async def _ask(context: FilterContext, topics: list[str], until: float) -> None:
     except (OSError, TimeoutError) as exc:
         raise PermissionUnknown(f"Kafka did not answer: {exc or type(exc).__name__}") from exc
     told = {str(topic.name): topic for topic in response.topics}
+    _make_room(context.identity.may_write, len(topics))
     for name in topics:
         topic = told.get(name)
         writable = topic is None or _writable(topic)
@@ -77,6 +82,17 @@ async def _ask(context: FilterContext, topics: list[str], until: float) -> None:
                 topic=name,
                 principal=context.identity.principal,
             )
+
+
+def _make_room(known: dict[str, tuple[bool, float]], wanted: int) -> None:
+    """Forget answers whose time is up, and all of them if that leaves too little room."""
+    if len(known) + wanted <= MAX_REMEMBERED:
+        return
+    now = time.monotonic()
+    for name in [name for name, (_, until) in known.items() if until <= now]:
+        del known[name]
+    if len(known) + wanted > MAX_REMEMBERED:
+        known.clear()  # asked again when next needed
 
 
 def _writable(topic: MetadataResponseTopic) -> bool:

@@ -11,6 +11,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from dedup.write_permissions import (
+    MAX_REMEMBERED,
     NOT_TOLD,
     REMEMBERED_S,
     PermissionUnknown,
@@ -72,3 +73,19 @@ async def test_no_answer_leaves_it_unknown(failure: Exception | None) -> None:
     with pytest.raises(PermissionUnknown):
         await unwritable(context, {"t"})
     assert context.identity.may_write == {}, "nothing remembered"
+
+
+async def test_what_is_remembered_per_connection_is_bounded() -> None:
+    """A client naming ever new topics (Kafka refuses any name to a client that may not
+    describe it) grows nothing without bound: past `MAX_REMEMBERED` answers, those whose
+    time is up go, then all; each request's own topics are always answered."""
+    kafka = KafkaAnswering(granted=dict.fromkeys((f"t{n}" for n in range(5000)), READ))
+    context = context_asking(kafka)
+    for start in range(0, 5000, 100):
+        names = {f"t{n}" for n in range(start, start + 100)}
+        assert await unwritable(context, names) == names
+        assert len(context.identity.may_write) <= MAX_REMEMBERED
+    assert len(kafka.asked) == 50
+    kept = set(context.identity.may_write)
+    assert await unwritable(context, kept) == kept
+    assert len(kafka.asked) == 50, "what is kept is not asked again"
