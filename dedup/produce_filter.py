@@ -14,8 +14,8 @@ import asyncio
 import datetime
 import functools
 import sys
-from collections.abc import Collection
-from dataclasses import replace
+from collections.abc import Collection, Set
+from dataclasses import dataclass, replace
 from typing import Any, Final, cast
 
 import structlog
@@ -51,6 +51,20 @@ log = structlog.get_logger(__name__)
 DECODE_OFF_LOOP_BYTES = 1 << 20
 
 
+Refusals = dict[tuple[str, int], PartitionAnswer]
+"""The answers of the partitions a request is refused, nothing written to them."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """A Produce request as the client sent it, the part of it written through dedup, and
+    the answers of the rest (topics the client may not write)."""
+
+    sent: Any
+    written: Any
+    refusals: Refusals
+
+
 class DedupProduceFilter:
     request_keys = frozenset({ApiKey.PRODUCE})
 
@@ -70,12 +84,16 @@ class DedupProduceFilter:
         )
         if refused is not None:
             return Respond.now(produce_answer(frame.header.api_version, refused, request))
+        written: Any = request
+        refusals: Refusals = {}
         if request.transactional_id is None:  # else forwarded: Kafka checks it itself
-            refused = await _unauthorized_writes(request, context)
-            if refused is not None:
-                return Respond.now(produce_answer(frame.header.api_version, refused, request))
+            written, refusals = await _writable_part(request, context)
+            if written is None:
+                return Respond.now(produce_answer(frame.header.api_version, refusals, request))
+        # Forwarded as the client sent it, refused topics too (dedup disabled for the rest):
+        # Kafka checks the client's own request, and refuses those itself.
         admission = await self._engine.admit(
-            request, context.identity.principal, context.connection
+            written, context.identity.principal, context.connection
         )
         if admission is None:
             return Forward()
@@ -84,7 +102,11 @@ class DedupProduceFilter:
         # cancelled): the writer's sequences and the dedup state must not stop half-way.
         task = asyncio.create_task(
             self._answer(
-                frame.header.api_version, request, admission, context.upstream, context.software
+                frame.header.api_version,
+                _Written(request, written, refusals),
+                admission,
+                context.upstream,
+                context.software,
             )
         )
         self._running.add(task)
@@ -114,15 +136,17 @@ class DedupProduceFilter:
     async def _answer(
         self,
         version: int,
-        request: Any,
+        request: _Written,
         admission: Admission,
         broker: Endpoint,
         software: ClientSoftware,
     ) -> LocalAnswer:
-        answers = await self._engine.produce(request, admission, broker)
+        answers = await self._engine.produce(request.written, admission, broker)
+        if request.refusals:
+            answers = answers | request.refusals
         if numbers_reports_from_base(software, self._numbering_from_base):
-            answers = numbered_below_zero(answers, request)
-        return produce_answer(version, answers, request)
+            answers = numbered_below_zero(answers, request.sent)
+        return produce_answer(version, answers, request.sent)
 
     async def drain(self) -> None:
         """Wait for every write already taken (graceful shutdown)."""
@@ -130,35 +154,38 @@ class DedupProduceFilter:
             await asyncio.gather(*self._running, return_exceptions=True)
 
 
-async def _unauthorized_writes(
-    request: Any, context: FilterContext
-) -> dict[tuple[str, int], PartitionAnswer] | None:
-    """None when Kafka lets the client write every topic of the request (the proxy writes
-    it under its own principal: `dedup.write_permissions`); else every partition's answer,
-    nothing written: the refused topics' as Kafka would answer them, the others' retriable,
-    for the client to send again without them."""
+async def _writable_part(request: Any, context: FilterContext) -> tuple[Any | None, Refusals]:
+    """The part of the request Kafka lets the client write (the proxy writes it under its
+    own principal: `dedup.write_permissions`), None if no part, and the answers of the
+    rest: the topics without `Write` refused as Kafka refuses them, the others written, as
+    Kafka writes the authorized topics of a request; every topic retriable when whether
+    the client may write is unknown."""
     topics = {str(topic.name) for topic in request.topic_data}
     try:
         refused = await unwritable(context, topics)
-        refusal = PartitionAnswer(
-            ErrorCode.topic_authorization_failed,
-            error_message="Kafka does not let this client write the topic",
-        )
     except PermissionUnknown as exc:
-        refused = topics
-        refusal = PartitionAnswer(
+        unknown = PartitionAnswer(
             ErrorCode.not_enough_replicas,
             error_message=f"not written: whether the client may write is unknown ({exc})",
         )
+        return None, _answers_of(request, topics, unknown)
     if not refused:
-        return None
-    others = PartitionAnswer(
-        ErrorCode.not_enough_replicas,
-        error_message="not written: another topic of the request was refused",
+        return request, {}
+    refusal = PartitionAnswer(
+        ErrorCode.topic_authorization_failed,
+        error_message="Kafka does not let this client write the topic",
     )
+    kept = tuple(topic for topic in request.topic_data if str(topic.name) not in refused)
+    written = replace(request, topic_data=kept) if kept else None
+    return written, _answers_of(request, refused, refusal)
+
+
+def _answers_of(request: Any, topics: Set[str], answer: PartitionAnswer) -> Refusals:
+    """``answer`` for every partition of ``topics`` the request names."""
     return {
-        (str(topic.name), int(part.index)): refusal if str(topic.name) in refused else others
+        (str(topic.name), int(part.index)): answer
         for topic in request.topic_data
+        if str(topic.name) in topics
         for part in topic.partition_data
     }
 

@@ -41,7 +41,8 @@ from dedup.transaction_deadlines import DeadlineUnknown
 from deploy.local import EnvInfo, LocalEnvironment
 from deploy.tls import LocalTls
 from proxy.kafka.sasl import SaslCredentials
-from proxy.kafka.upstream_client import encode_request
+from proxy.kafka.topology import Endpoint
+from proxy.kafka.upstream_client import LinkSecurity, UpstreamClient, encode_request
 from proxy.runtime.security import UpstreamSecurity
 from tests.support.java_clients import client_properties, sent, verifiable_producer
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
@@ -51,6 +52,7 @@ from tests.support.raw import (
     explicit_batch,
     first_answer,
     produce_request,
+    produce_request_to,
     read_response,
 )
 from tests.support.topics import new_topic
@@ -69,6 +71,16 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalEnv
         yield env, env.up(brokers=1, proxies=1, security="sasl_ssl")
     finally:
         env.down(purge=True)
+
+
+def scram_link(info: EnvInfo, user: str) -> LinkSecurity:
+    """The proxy's own connections' security, as ``user`` with SCRAM-SHA-512 over TLS."""
+    certs = LocalTls(Path(info.tls_dir))
+    return UpstreamSecurity(
+        "SASL_SSL",
+        ca_file=certs.ca_file,
+        sasl=SaslCredentials("SCRAM-SHA-512", user, certs.sasl_users[user]),
+    ).link()
 
 
 def client_config(info: EnvInfo) -> dict[str, str]:
@@ -246,12 +258,7 @@ def test_the_proxys_principal_learns_a_transactions_deadline_only_where_acls_let
     told = open_transaction(info.bootstrap, 20, (topic, 0), **client)
     hidden = open_transaction(info.bootstrap, 20, (topic, 1), transactional_id=hidden_id, **client)
     opened = time.time()
-    certs = LocalTls(Path(info.tls_dir))
-    security = UpstreamSecurity(
-        "SASL_SSL",
-        ca_file=certs.ca_file,
-        sasl=SaslCredentials("SCRAM-SHA-512", "proxy", certs.sasl_users["proxy"]),
-    ).link()
+    security = scram_link(info, "proxy")
     below = {(topic, 0): 1, (topic, 1): 1}
     admin = AdminClient({"bootstrap.servers": info.bootstrap, **client})
     deny_describe = (ResourceType.TRANSACTIONAL_ID, hidden_id, AclOperation.DESCRIBE)
@@ -337,10 +344,21 @@ def test_a_client_kafka_does_not_let_write_a_topic_cannot_write_it_through_dedup
             refused_directly, 30, lambda: f"Kafka refusing the client's writes (last: {last})"
         )
         landed = end_offset(info.bootstrap, denied, **client)
-        through = DedupProducer(info.proxies[0].bootstrap, "denied", **client)
+        proxy_bootstrap = info.proxies[0].bootstrap
+        through = DedupProducer(proxy_bootstrap, "denied", **client)
         assert send_failures(through, denied, range(3)) == ["TOPIC_AUTHORIZATION_FAILED"] * 3
         other = DedupProducer(info.proxies[0].bootstrap, "allowed", **client)
         assert send_failures(other, allowed, range(3)) == []
+        # One request to both topics: Kafka writes the one the client may write and refuses
+        # the other; so does the proxy.
+        for bootstrap, name in ((info.bootstrap, "mixed-direct"), (proxy_bootstrap, "mixed")):
+            mixed = produce_request_to(
+                {topic: {0: explicit_batch([(name, 0)])} for topic in (allowed, denied)}
+            )
+            assert error_codes(bootstrap, info, mixed) == {
+                allowed: ErrorCode.none,
+                denied: ErrorCode.topic_authorization_failed,
+            }, bootstrap
     finally:
         filters = [
             denial(AclBindingFilter, ResourceType.TOPIC, denied, AclOperation.WRITE, "client")
@@ -348,7 +366,24 @@ def test_a_client_kafka_does_not_let_write_a_topic_cannot_write_it_through_dedup
         for future in admin.delete_acls(filters).values():
             future.result(30)
     assert end_offset(info.bootstrap, denied, **client) == landed, "nothing through the proxy"
-    assert end_offset(info.bootstrap, allowed, **client) == 3
+    assert end_offset(info.bootstrap, allowed, **client) == 3 + 2  # the mixed requests' too
+
+
+def error_codes(bootstrap: str, info: EnvInfo, request: Any) -> dict[str, ErrorCode]:
+    """Each topic's error code in the answer to ``request``, sent as user `client` (SCRAM
+    over TLS) to the first broker of ``bootstrap``."""
+    security = scram_link(info, "client")
+
+    async def ask() -> Any:
+        async with UpstreamClient(Endpoint.parse(bootstrap.split(",")[0]), 30, security) as kafka:
+            return await kafka.send(request)
+
+    response = asyncio.run(ask())
+    return {
+        str(topic.name): ErrorCode(partition.error_code)
+        for topic in response.responses
+        for partition in topic.partition_responses
+    }
 
 
 def send_failures(producer: DedupProducer, topic: str, sequences: range) -> list[str]:

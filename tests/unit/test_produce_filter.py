@@ -46,7 +46,7 @@ from proxy.runtime.chain import (
     encode_response,
 )
 from tests.support.permissions import READ, KafkaAnswering
-from tests.support.raw import explicit_batch, produce_request, produce_request_to
+from tests.support.raw import explicit_batch, produce_request_to
 from tests.support.threads import record_to_thread
 
 pytestmark = pytest.mark.unit
@@ -54,8 +54,8 @@ pytestmark = pytest.mark.unit
 BROKER = Endpoint("127.0.0.1", 9092)
 
 
-def frame_of(records: bytes, tail: bytes = b"") -> RequestFrame:
-    request = produce_request("t", {0: records})
+def frame_of(records: bytes, tail: bytes = b"", topics: Sequence[str] = ("t",)) -> RequestFrame:
+    request = produce_request_to({topic: {0: records} for topic in topics})
     payload = encode_request(request, 7)[4:]
     if tail:  # replace the body's empty tagged fields
         payload = payload[:-1] + tail
@@ -101,6 +101,7 @@ class _HeldEngine:
         self.written = 0
         self.error = error
         self.connections: list[object | None] = []  # each admitted request's
+        self.admitted: list[list[str]] = []  # each admitted request's topics
         self.refusal: dict[Any, PartitionAnswer] | None = None  # for a transactional request
 
     async def dedup_anywhere(self) -> bool:
@@ -115,6 +116,7 @@ class _HeldEngine:
         self, request: Any, principal: str | None = None, connection: object | None = None
     ) -> object:
         self.connections.append(connection)
+        self.admitted.append([str(topic.name) for topic in request.topic_data])
         return object()
 
     async def produce(self, request: Any, admission: Any, broker: Any) -> dict[Any, Any]:
@@ -122,7 +124,11 @@ class _HeldEngine:
         if self.error is not None:
             raise self.error
         self.written += 1
-        return {("t", 0): PartitionAnswer(base_offset=self.base_offset)}
+        return {
+            (str(topic.name), int(part.index)): PartitionAnswer(base_offset=self.base_offset)
+            for topic in request.topic_data
+            for part in topic.partition_data
+        }
 
 
 async def _responded(
@@ -131,6 +137,7 @@ async def _responded(
     software: ClientSoftware | None = None,
     numbering_from_base: Sequence[str] = (),
     kafka: Any = None,
+    topics: Sequence[str] = ("t",),
 ) -> tuple[DedupProduceFilter, Respond]:
     """The filter over `engine`, and its decision on one Produce request (a `Respond`);
     ``kafka`` answers whether the client may write (`KafkaAnswering`: it may)."""
@@ -142,7 +149,7 @@ async def _responded(
         software=software or ClientSoftware(),
         ask_as_client=kafka or KafkaAnswering(),
     )
-    decision = await produce_filter.on_request(frame_of(records), cast(Any, context))
+    decision = await produce_filter.on_request(frame_of(records, topics=topics), cast(Any, context))
     assert isinstance(decision, Respond)
     return produce_filter, decision
 
@@ -229,6 +236,29 @@ def test_a_client_kafka_does_not_let_write_is_refused_and_never_admitted(
     else:
         assert int(partition.error_code) == code
         assert message in partition.error_message
+
+
+def test_the_topics_a_client_may_write_are_written_and_the_others_refused_as_kafka_does() -> None:
+    """A request naming a topic the client may write and one it may not: Kafka writes the
+    first and refuses the second; so does the proxy. Only the writable topic reaches the
+    engine."""
+
+    async def scenario() -> tuple[Any, list[list[str]]]:
+        engine = _HeldEngine()
+        kafka = KafkaAnswering(granted={"read-only": READ})
+        _, decision = await _responded(engine, kafka=kafka, topics=("t", "read-only"))
+        engine.release.set()
+        return await decision.answer, engine.admitted
+
+    answer, admitted = asyncio.run(scenario())
+    assert admitted == [["t"]]
+    response = as_read(answer, 9)
+    answered = {
+        str(topic.name): (int(p.error_code), int(p.base_offset))
+        for topic in response.responses
+        for p in topic.partition_responses
+    }
+    assert answered == {"t": (0, 5), "read-only": (29, -1)}
 
 
 def test_a_connection_that_stops_waiting_leaves_the_write_running() -> None:
