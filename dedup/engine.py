@@ -498,7 +498,7 @@ class DedupEngine:
                 budget = self._max_request_decompressed_bytes
                 for item in work:
                     await self._read(item, parts[item.key], budget)
-                    budget -= sum(max(b.decompressed_size, 0) for b in item.batches)
+                    budget -= _decompressed(item.batches)
                 # Check and sequence assignment happen in arrival order per partition: a
                 # request checked later must never reach the log ahead of one that arrived
                 # earlier, or the earlier one's records would read as old duplicates. The
@@ -568,7 +568,7 @@ class DedupEngine:
                     bad.error_code, error_message=bad.message
                 )
                 continue
-            budget -= sum(max(b.decompressed_size, 0) for b in batches)
+            budget -= _decompressed(batches)
             names = _named(batches, self._headers.producer)
             if not names:
                 continue
@@ -1351,6 +1351,12 @@ def _read_in_thread(data: bytes) -> bool:
     return len(data) > READ_IN_THREAD_BYTES or (
         len(data) > _ATTRIBUTES_LOW_BYTE and bool(data[_ATTRIBUTES_LOW_BYTE] & 0x07)
     )
+
+
+def _decompressed(batches: Sequence[IncomingBatch]) -> int:
+    """The bytes a partition's batches took of the request's decompressed budget (a batch
+    read without limits tells -1: it took none)."""
+    return sum(max(batch.decompressed_size, 0) for batch in batches)
 
 
 def _named(batches: Sequence[IncomingBatch], producer_header: str) -> set[str]:

@@ -149,13 +149,7 @@ class EnvInfo:
         if self.security != "sasl_ssl":
             return {}
         certs = LocalTls(Path(self.tls_dir))
-        return {
-            "security.protocol": "sasl_ssl",
-            "ssl.ca.location": str(certs.ca_file),
-            "sasl.mechanism": mechanism,
-            "sasl.username": user,
-            "sasl.password": certs.sasl_users[user],
-        }
+        return _sasl_ssl_config(certs, mechanism, user, certs.sasl_users[user])
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: {"bootstrap", "brokers" (node id as a string), "redis"}, and
@@ -305,13 +299,14 @@ class LocalEnvironment:
         if state.security != "sasl_ssl":
             return {}
         certs = self.tls.ensure()
-        return {
-            "security.protocol": "sasl_ssl",
-            "ssl.ca.location": str(certs.ca_file),
-            "sasl.mechanism": "PLAIN",
-            "sasl.username": config.BROKER_USER,
-            "sasl.password": certs.keystore_password,
-        }
+        return _sasl_ssl_config(certs, "PLAIN", config.BROKER_USER, certs.keystore_password)
+
+    def _admin(self, state: _State) -> AdminClient:
+        """An admin client of the environment's own requests, on the first broker."""
+        return AdminClient(
+            {"bootstrap.servers": f"{HOST}:{_ports(state).client(0)}", **self._kafka_config(state)},
+            logger=_quiet_logger(),
+        )
 
     def _every_redis_process(self) -> list[ManagedProcess]:
         """The Redis processes of every topology (whichever ran last)."""
@@ -917,10 +912,7 @@ class LocalEnvironment:
     def _ensure_scram_users(self, state: _State) -> None:
         """The SASL users' SCRAM credentials (both mechanisms), in the cluster's metadata:
         asked on the client listener; setting them again is harmless."""
-        admin = AdminClient(
-            {"bootstrap.servers": f"{HOST}:{_ports(state).client(0)}", **self._kafka_config(state)},
-            logger=_quiet_logger(),
-        )
+        admin = self._admin(state)
         # The brokers first: where they advertise other addresses than the bootstrap one (the
         # chaos topology's Toxiproxy ports), librdkafka drops the bootstrap broker once it
         # learns them, and a request still waiting on it fails with _DESTROY_BROKER.
@@ -941,10 +933,7 @@ class LocalEnvironment:
 
     def _ensure_acls(self, state: _State) -> None:
         """The sasl_ssl mode's ACLs (`config.acl_grants`); creating them again is harmless."""
-        admin = AdminClient(
-            {"bootstrap.servers": f"{HOST}:{_ports(state).client(0)}", **self._kafka_config(state)},
-            logger=_quiet_logger(),
-        )
+        admin = self._admin(state)
         bindings = [_acl_binding(grant) for grant in config.acl_grants()]
         for binding, future in admin.create_acls(bindings, request_timeout=30).items():
             try:
@@ -965,6 +954,17 @@ class LocalEnvironment:
             self._redis(state).wait_ready(deadline)
         except LocalRedisError as exc:
             raise LocalEnvError(str(exc)) from exc
+
+
+def _sasl_ssl_config(certs: LocalTls, mechanism: str, user: str, password: str) -> dict[str, str]:
+    """librdkafka settings for the brokers' SASL_SSL listeners, trusting the local CA."""
+    return {
+        "security.protocol": "sasl_ssl",
+        "ssl.ca.location": str(certs.ca_file),
+        "sasl.mechanism": mechanism,
+        "sasl.username": user,
+        "sasl.password": password,
+    }
 
 
 def _acl_binding(grant: config.AclGrant) -> AclBinding:

@@ -60,6 +60,14 @@ def records_for_request(parts: Sequence[bytes | memoryview]) -> RecordBytes:
     return b"".join(parts)
 
 
+def decode_answer(request: Any, frame: bytes) -> Any:
+    """Kafka's answer to a request entity, decoded: ``frame`` is the response without its
+    size."""
+    api_key, version = int(request.__api_key__), int(request.__version__)
+    body_start = response_body_start(frame, response_header_is_flexible(api_key, version))
+    return decode_response_body(api_key, version, frame, body_start)
+
+
 def encode_request(payload: Any, correlation_id: int, client_id: str = CLIENT_ID) -> bytes:
     """A whole request frame (size, header, body) for a kio request entity."""
     if type(payload) is WriterProduceRequest:  # the writer's Produce: the same bytes, faster
@@ -209,11 +217,8 @@ class UpstreamClient:
                 correlation_id, payload, answer = self._waiting.popleft()
                 if correlation_id_of(frame) != correlation_id:
                     raise FrameError(f"{self.endpoint} answered out of order")
-                api_key, version = int(payload.__api_key__), int(payload.__version__)
-                flexible = response_header_is_flexible(api_key, version)
-                body_start = response_body_start(frame, flexible)
                 if not answer.done():
-                    answer.set_result(decode_response_body(api_key, version, frame, body_start))
+                    answer.set_result(decode_answer(payload, frame))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any failure ends the link; every waiter learns why

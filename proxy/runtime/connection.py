@@ -22,9 +22,8 @@ from dataclasses import dataclass, field, replace
 import structlog
 from kio.static.protocol import RequestPayload, ResponsePayload
 
-from proxy.kafka.schemas import decode_response_body, response_header_is_flexible
 from proxy.kafka.topology import Endpoint, Topology
-from proxy.kafka.upstream_client import encode_request, open_upstream
+from proxy.kafka.upstream_client import decode_answer, encode_request, open_upstream
 from proxy.kafka.wire import (
     FrameError,
     RequestHeader,
@@ -32,7 +31,6 @@ from proxy.kafka.wire import (
     expects_response,
     parse_request_header,
     read_frame,
-    response_body_start,
 )
 from proxy.runtime import metrics
 from proxy.runtime.chain import (
@@ -286,9 +284,7 @@ class ClientConnection:
         upstream.write(frame)
         async with asyncio.timeout(timeout_s):  # shielded: a late answer is still read
             answer = await asyncio.shield(pending.upstream)
-        api_key, version = int(request.__api_key__), int(request.__version__)
-        start = response_body_start(answer, response_header_is_flexible(api_key, version))
-        response: ResponsePayload = decode_response_body(api_key, version, answer, start)
+        response: ResponsePayload = decode_answer(request, answer)
         return response
 
     def _unanswered_done(self, answer: asyncio.Future[LocalAnswer]) -> None:

@@ -53,6 +53,7 @@ from tests.support.raw import (
 from tests.support.relay import relayed_redis
 from tests.support.restartable import RestartableProxy
 from tests.support.topics import create_again, delete_and_create_again, delete_topic, new_topic
+from tests.support.transactions import begun_transaction
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -247,7 +248,7 @@ def test_a_transaction_longer_than_the_fixed_wait_is_waited_for_until_kafka_abor
     topic, other = new_topic(local_env.bootstrap), new_topic(local_env.bootstrap)
     try:
         blind_resend(restartable.start(), topic, "p-abandoned", range(3))
-        _open_transaction(local_env.bootstrap, topic, "p-abandoned", (3, 4), timeout_ms=6000)
+        _open_transaction(local_env.bootstrap, topic, "p-abandoned", (3, 4), timeout_s=6)
         restartable.kill()
         redis.Redis.from_url(restartable.redis_url).flushdb()
         second = restartable.start()
@@ -314,19 +315,11 @@ def _open_transaction(
     topic: str,
     producer: str,
     sequences: Iterable[int],
-    timeout_ms: int = 60_000,
+    timeout_s: float = 60,
 ) -> Producer:
     """A transactional client that wrote ``sequences`` under ``producer``'s identity to
-    partition 0 and has not ended its transaction (Kafka aborts it after ``timeout_ms``)."""
-    transactional = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
-            "transaction.timeout.ms": timeout_ms,
-        }
-    )
-    transactional.init_transactions(30)
-    transactional.begin_transaction()
+    partition 0 and has not ended its transaction (Kafka aborts it after ``timeout_s``)."""
+    transactional = begun_transaction(bootstrap, timeout_s)
     for sequence in sequences:
         transactional.produce(
             topic,

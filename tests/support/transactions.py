@@ -16,6 +16,24 @@ from proxy.kafka.upstream_client import PLAINTEXT, LinkSecurity
 Partition = tuple[str, int]
 
 
+def begun_transaction(
+    bootstrap: str, timeout_s: float, transactional_id: str | None = None, **config: Any
+) -> Producer:
+    """A transactional client whose transaction has begun (Kafka aborts it after
+    ``timeout_s`` unless it ends before); ``config``: security settings."""
+    client = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": transactional_id or f"tx-{uuid.uuid4().hex[:8]}",
+            "transaction.timeout.ms": int(timeout_s * 1000),
+            **config,
+        }
+    )
+    client.init_transactions(30)
+    client.begin_transaction()
+    return client
+
+
 def open_transaction(
     bootstrap: str,
     timeout_s: int,
@@ -25,16 +43,7 @@ def open_transaction(
 ) -> Producer:
     """A transactional client with a record in each of ``where`` and its transaction left
     open (Kafka aborts it after ``timeout_s``); ``config``: security settings."""
-    client = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "transactional.id": transactional_id or f"tx-{uuid.uuid4().hex[:8]}",
-            "transaction.timeout.ms": timeout_s * 1000,
-            **config,
-        }
-    )
-    client.init_transactions(30)
-    client.begin_transaction()
+    client = begun_transaction(bootstrap, timeout_s, transactional_id, **config)
     for topic, partition in where:
         client.produce(topic, b"open", partition=partition)
     assert client.flush(30) == 0
