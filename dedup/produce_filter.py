@@ -26,7 +26,7 @@ from kio.static.protocol import ResponsePayload
 
 from dedup.batches import copy_of, records_declared
 from dedup.engine import Admission, DedupEngine, PartitionAnswer
-from dedup.write_permissions import PermissionUnknown, unwritable
+from dedup.write_permissions import REMEMBERED_S, PermissionUnknown, unwritable
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.error_codes import error_code
 from proxy.kafka.produce_codec import PartitionRow, encode_produce_answers
@@ -68,11 +68,19 @@ class _Written:
 class DedupProduceFilter:
     request_keys = frozenset({ApiKey.PRODUCE})
 
-    def __init__(self, engine: DedupEngine, numbering_from_base: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        engine: DedupEngine,
+        numbering_from_base: Collection[str] = (),
+        write_permission_ttl_s: float = REMEMBERED_S,
+    ) -> None:
         """``numbering_from_base``: client software names (KIP-511) that number their
-        reports from the base offset besides those `numbers_reports_from_base` knows."""
+        reports from the base offset besides those `numbers_reports_from_base` knows;
+        ``write_permission_ttl_s``: how long Kafka's answer whether a client may write a
+        topic is kept (`dedup.write_permissions`)."""
         self._engine = engine
         self._numbering_from_base = frozenset(numbering_from_base)
+        self._write_permission_ttl_s = write_permission_ttl_s
         self._running: set[asyncio.Task[LocalAnswer]] = set()
 
     async def on_request(self, frame: RequestFrame, context: FilterContext) -> RequestDecision:
@@ -87,7 +95,7 @@ class DedupProduceFilter:
         written: Any = request
         refusals: Refusals = {}
         if request.transactional_id is None:  # else forwarded: Kafka checks it itself
-            written, refusals = await _writable_part(request, context)
+            written, refusals = await _writable_part(request, context, self._write_permission_ttl_s)
             if written is None:
                 return Respond.now(produce_answer(frame.header.api_version, refusals, request))
         # Forwarded as the client sent it, refused topics too (dedup disabled for the rest):
@@ -154,7 +162,9 @@ class DedupProduceFilter:
             await asyncio.gather(*self._running, return_exceptions=True)
 
 
-async def _writable_part(request: Any, context: FilterContext) -> tuple[Any | None, Refusals]:
+async def _writable_part(
+    request: Any, context: FilterContext, remembered_s: float
+) -> tuple[Any | None, Refusals]:
     """The part of the request Kafka lets the client write (the proxy writes it under its
     own principal: `dedup.write_permissions`), None if no part, and the answers of the
     rest: the topics without `Write` refused as Kafka refuses them, the others written, as
@@ -162,7 +172,7 @@ async def _writable_part(request: Any, context: FilterContext) -> tuple[Any | No
     the client may write is unknown."""
     topics = {str(topic.name) for topic in request.topic_data}
     try:
-        refused = await unwritable(context, topics)
+        refused = await unwritable(context, topics, remembered_s)
     except PermissionUnknown as exc:
         unknown = PartitionAnswer(
             ErrorCode.not_enough_replicas,

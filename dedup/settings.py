@@ -154,6 +154,15 @@ class DedupSettings(BaseSettings):
         "right is answered minus its record count, not -1, so none of its records is "
         "reported at another record's offset (JSON in the environment)",
     )
+    write_permission_ttl_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="how long Kafka's answer to whether a client may write a topic is kept "
+        "per connection (the proxy writes deduplicated records under its own principal, so "
+        "it asks Kafka, as the client, before it takes a request): an ACL taken away reaches "
+        "that connection's writes through dedup within this long; 0 asks at every request, "
+        "as Kafka checks, one Metadata round trip on the client's connection each",
+    )
     producer_idle_timeout_s: float = Field(default=6 * 3600, gt=0)
     instance_id: str | None = Field(
         default=None,

@@ -10,8 +10,9 @@ the topics whose answer lacks WRITE, with Kafka's own error (TOPIC_AUTHORIZATION
 A Kafka without an authorizer grants every operation. A client that has not authenticated
 to a SASL listener gets no answer: its connection is closed by Kafka.
 
-Kafka checks every request; the proxy keeps an answer for `REMEMBERED_S` per connection,
-so an ACL taken away reaches a connection's writes through dedup within that long.
+Kafka checks every request; the proxy keeps an answer for `REMEMBERED_S` per connection
+(`write_permission_ttl_s`), so an ACL taken away reaches a connection's writes through
+dedup within that long; 0 asks at every request, as Kafka checks.
 """
 
 from __future__ import annotations
@@ -46,18 +47,30 @@ class PermissionUnknown(Exception):
     no answer in time)."""
 
 
-async def unwritable(context: FilterContext, topics: Collection[str]) -> set[str]:
-    """The topics Kafka does not let the client of ``context`` write. Raises
-    `PermissionUnknown` when Kafka was to be asked and did not answer."""
+async def unwritable(
+    context: FilterContext, topics: Collection[str], remembered_s: float = REMEMBERED_S
+) -> set[str]:
+    """The topics Kafka does not let the client of ``context`` write, its answers kept
+    ``remembered_s`` (0: asked again at every call). Raises `PermissionUnknown` when Kafka
+    was to be asked and did not answer."""
     now = time.monotonic()
     known = context.identity.may_write
-    to_ask = [topic for topic in topics if topic not in known or known[topic][1] <= now]
-    if to_ask:
-        await _ask(context, to_ask, now + REMEMBERED_S)
-    return {topic for topic in topics if not known[topic][0]}
+    writable: dict[str, bool] = {}
+    to_ask: list[str] = []
+    for topic in topics:
+        remembered = known.get(topic)
+        if remembered is None or remembered[1] <= now:
+            to_ask.append(topic)
+        else:
+            writable[topic] = remembered[0]
+    if to_ask:  # read first: asking may make room by forgetting what was remembered
+        writable |= await _ask(context, to_ask, now + remembered_s)
+    return {topic for topic, may in writable.items() if not may}
 
 
-async def _ask(context: FilterContext, topics: list[str], until: float) -> None:
+async def _ask(context: FilterContext, topics: list[str], until: float) -> dict[str, bool]:
+    """Whether the client may write each of ``topics``, as Kafka tells it, remembered
+    until ``until``."""
     if context.ask_as_client is None:
         raise PermissionUnknown("the client's upstream connection is not open")
     request = MetadataRequest(
@@ -70,18 +83,21 @@ async def _ask(context: FilterContext, topics: list[str], until: float) -> None:
     except (OSError, TimeoutError) as exc:
         raise PermissionUnknown(f"Kafka did not answer: {exc or type(exc).__name__}") from exc
     told = {str(topic.name): topic for topic in response.topics}
-    _make_room(context.identity.may_write, len(topics))
+    known = context.identity.may_write
+    _make_room(known, len(topics))
+    answers: dict[str, bool] = {}
     for name in topics:
         topic = told.get(name)
-        writable = topic is None or _writable(topic)
-        context.identity.may_write[name] = (writable, until)
-        if not writable:
+        answers[name] = topic is None or _writable(topic)
+        known[name] = (answers[name], until)
+        if not answers[name]:
             metrics.BAD_INPUT.labels("write_not_authorized").inc()
             log.warning(
                 "Kafka does not let the client write the topic; refusing its writes",
                 topic=name,
                 principal=context.identity.principal,
             )
+    return answers
 
 
 def _make_room(known: dict[str, tuple[bool, float]], wanted: int) -> None:

@@ -72,7 +72,11 @@ def assemble(settings: Settings) -> AssembledProxy:
         [
             *ownership_filters(dedup.ownership, dedup.policies),
             *filters,
-            DedupProduceFilter(dedup.engine, settings.clients_numbering_from_base),
+            DedupProduceFilter(
+                dedup.engine,
+                settings.clients_numbering_from_base,
+                write_permission_ttl_s=settings.write_permission_ttl_s,
+            ),
         ]
     )
     server = ProxyServer(settings, cluster, chain, services=[dedup])

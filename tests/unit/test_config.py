@@ -61,3 +61,14 @@ def test_client_names_numbering_from_base_come_as_json_or_a_toml_list(
     assert load_settings(config).clients_numbering_from_base == ["ClickHouse"]
     monkeypatch.setenv("DEDUP_PROXY_CLIENTS_NUMBERING_FROM_BASE", '["karafka", "my-wrapper"]')
     assert load_settings(config).clients_numbering_from_base == ["karafka", "my-wrapper"]
+
+
+def test_the_write_permission_ttl_is_a_setting_and_zero_asks_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DEDUP_PROXY_WRITE_PERMISSION_TTL_S", raising=False)
+    assert load_settings(None).write_permission_ttl_s == 30.0
+    monkeypatch.setenv("DEDUP_PROXY_WRITE_PERMISSION_TTL_S", "0")
+    assert load_settings(None).write_permission_ttl_s == 0.0
+    with pytest.raises(ConfigError, match="write_permission_ttl_s"):
+        load_settings(None, write_permission_ttl_s=-1)

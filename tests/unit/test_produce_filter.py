@@ -142,16 +142,22 @@ async def _responded(
     """The filter over `engine`, and its decision on one Produce request (a `Respond`);
     ``kafka`` answers whether the client may write (`KafkaAnswering`: it may)."""
     produce_filter = DedupProduceFilter(cast(Any, engine), numbering_from_base)
-    context = SimpleNamespace(
-        identity=ClientIdentity(),
-        upstream=BROKER,
-        connection=CONNECTION,
-        software=software or ClientSoftware(),
-        ask_as_client=kafka or KafkaAnswering(),
-    )
+    context = _context(kafka or KafkaAnswering(), software or ClientSoftware())
     decision = await produce_filter.on_request(frame_of(records, topics=topics), cast(Any, context))
     assert isinstance(decision, Respond)
     return produce_filter, decision
+
+
+def _context(kafka: Any, software: ClientSoftware) -> Any:
+    """A client connection's `FilterContext`, as the filter reads it; ``kafka`` answers
+    whether the client may write."""
+    return SimpleNamespace(
+        identity=ClientIdentity(),
+        upstream=BROKER,
+        connection=CONNECTION,
+        software=software,
+        ask_as_client=kafka,
+    )
 
 
 CONNECTION = object()  # stands for the client connection of `_responded`'s request
@@ -259,6 +265,22 @@ def test_the_topics_a_client_may_write_are_written_and_the_others_refused_as_kaf
         for p in topic.partition_responses
     }
     assert answered == {"t": (0, 5), "read-only": (29, -1)}
+
+
+@pytest.mark.parametrize(("ttl_s", "asked"), [(30.0, 1), (0.0, 2)])
+def test_kafkas_answer_is_kept_as_long_as_the_setting_says(ttl_s: float, asked: int) -> None:
+    """`write_permission_ttl_s` reaches the question: two requests on one connection ask
+    Kafka once within it, and each asks with 0."""
+
+    async def scenario() -> int:
+        kafka = KafkaAnswering()
+        produce_filter = DedupProduceFilter(cast(Any, _HeldEngine()), write_permission_ttl_s=ttl_s)
+        context = _context(kafka, ClientSoftware())
+        for _ in range(2):
+            await produce_filter.on_request(frame_of(b"records"), context)
+        return len(kafka.asked)
+
+    assert asyncio.run(scenario()) == asked
 
 
 def test_a_connection_that_stops_waiting_leaves_the_write_running() -> None:

@@ -89,3 +89,26 @@ async def test_what_is_remembered_per_connection_is_bounded() -> None:
     kept = set(context.identity.may_write)
     assert await unwritable(context, kept) == kept
     assert len(kafka.asked) == 50, "what is kept is not asked again"
+
+
+async def test_a_request_whose_new_topics_make_room_keeps_the_answers_it_had() -> None:
+    """A request naming a topic remembered and one to ask, when the connection's memory is
+    full of answers whose time is not up: making room forgets them all, the remembered
+    topic's too, and that topic is still answered (it raised KeyError before)."""
+    kafka = KafkaAnswering(granted=dict.fromkeys((f"t{n}" for n in range(MAX_REMEMBERED)), READ))
+    context = context_asking(kafka)
+    assert await unwritable(context, {f"t{n}" for n in range(MAX_REMEMBERED)})
+    assert len(context.identity.may_write) == MAX_REMEMBERED
+    assert await unwritable(context, {"t0", "new"}) == {"t0"}
+    assert kafka.asked[-1] == ["new"], "the remembered one is not asked again"
+
+
+async def test_remembered_for_no_time_is_asked_at_every_request() -> None:
+    """`write_permission_ttl_s = 0`: Kafka's answer counts for one request, as Kafka checks
+    every request, so an ACL taken away refuses the very next write."""
+    kafka = KafkaAnswering(granted={"t": WRITE})
+    context = context_asking(kafka)
+    assert await unwritable(context, {"t"}, remembered_s=0) == set()
+    kafka.granted["t"] = READ  # the ACL taken away
+    assert await unwritable(context, {"t"}, remembered_s=0) == {"t"}
+    assert kafka.asked == [["t"], ["t"]]
