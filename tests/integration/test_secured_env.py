@@ -10,6 +10,7 @@ enforces ACLs, and the proxy's principal has only those the README lists for it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import socket
 import ssl
@@ -46,7 +47,8 @@ from proxy.kafka.upstream_client import LinkSecurity, UpstreamClient, encode_req
 from proxy.runtime.security import UpstreamSecurity
 from tests.support.java_clients import client_properties, sent, verifiable_producer
 from tests.support.kafka_io import assert_exactly_once_in_order, end_offset, read_all
-from tests.support.ports import SECURED_ENV
+from tests.support.ports import SECURED_ENV, SECURED_OWN
+from tests.support.proxies import own_proxy
 from tests.support.raw import (
     correlation_id,
     explicit_batch,
@@ -325,25 +327,7 @@ def test_a_client_kafka_does_not_let_write_a_topic_cannot_write_it_through_dedup
     _, info = secured
     client = client_config(info)
     denied, allowed = (new_topic(info.bootstrap, client_config=client) for _ in range(2))
-    admin = AdminClient({"bootstrap.servers": info.bootstrap, **client})
-    deny_write = denial(AclBinding, ResourceType.TOPIC, denied, AclOperation.WRITE, "client")
-    for future in admin.create_acls([deny_write]).values():
-        future.result(30)
-    try:
-        direct = DedupProducer(info.bootstrap, "denied-direct", **client)
-        attempts = itertools.count()
-        last: list[str] = []
-
-        def refused_directly() -> bool:
-            n = next(attempts)
-            last[:] = send_failures(direct, denied, range(n, n + 1))
-            return last == ["TOPIC_AUTHORIZATION_FAILED"]
-
-        # Until the DENY reached the broker's authorizer, the direct writes land: counted.
-        wait_until(
-            refused_directly, 30, lambda: f"Kafka refusing the client's writes (last: {last})"
-        )
-        landed = end_offset(info.bootstrap, denied, **client)
+    with write_denied(info, denied) as landed:
         proxy_bootstrap = info.proxies[0].bootstrap
         through = DedupProducer(proxy_bootstrap, "denied", **client)
         assert send_failures(through, denied, range(3)) == ["TOPIC_AUTHORIZATION_FAILED"] * 3
@@ -359,12 +343,6 @@ def test_a_client_kafka_does_not_let_write_a_topic_cannot_write_it_through_dedup
                 allowed: ErrorCode.none,
                 denied: ErrorCode.topic_authorization_failed,
             }, bootstrap
-    finally:
-        filters = [
-            denial(AclBindingFilter, ResourceType.TOPIC, denied, AclOperation.WRITE, "client")
-        ]
-        for future in admin.delete_acls(filters).values():
-            future.result(30)
     assert end_offset(info.bootstrap, denied, **client) == landed, "nothing through the proxy"
     assert end_offset(info.bootstrap, allowed, **client) == 3 + 2  # the mixed requests' too
 
@@ -384,6 +362,81 @@ def error_codes(bootstrap: str, info: EnvInfo, request: Any) -> dict[str, ErrorC
         for topic in response.responses
         for partition in topic.partition_responses
     }
+
+
+def test_asked_at_every_request_an_acl_taken_away_refuses_the_next_write_through_dedup(
+    secured: tuple[LocalEnvironment, EnvInfo], tmp_path: Path
+) -> None:
+    """`write_permission_ttl_s = 0`: the proxy asks Kafka before every write, as Kafka
+    checks every request, so a `Write` taken away refuses the connection's very next write
+    through dedup (kept for 30 s, the default, that write lands). A proxy of the test's own,
+    on the environment's SASL_SSL listeners with the proxy's SCRAM user (and its ACLs),
+    and a plaintext listener for the client's own SASL, relayed to Kafka."""
+    _, info = secured
+    client = client_config(info)
+    topic = new_topic(info.bootstrap, client_config=client)
+    certs = LocalTls(Path(info.tls_dir))
+    proxy = own_proxy(
+        info,
+        SECURED_OWN,
+        f"ttl-{uuid.uuid4().hex[:8]}",
+        tmp_path / "proxy.log",
+        DEDUP_PROXY_REDIS_TLS_CA_FILE=str(certs.ca_file),
+        DEDUP_PROXY_REDIS_TLS_CERT_FILE=str(certs.client_cert_file),
+        DEDUP_PROXY_REDIS_TLS_KEY_FILE=str(certs.client_key_file),
+        DEDUP_PROXY_UPSTREAM_SECURITY_PROTOCOL="SASL_SSL",
+        DEDUP_PROXY_UPSTREAM_TLS_CA_FILE=str(certs.ca_file),
+        DEDUP_PROXY_UPSTREAM_SASL_MECHANISM="SCRAM-SHA-512",
+        DEDUP_PROXY_UPSTREAM_SASL_USERNAME="proxy",
+        DEDUP_PROXY_UPSTREAM_SASL_PASSWORD=certs.sasl_users["proxy"],
+        DEDUP_PROXY_INSTANCE_ID=f"ttl-{uuid.uuid4().hex[:8]}",
+        DEDUP_PROXY_WRITE_PERMISSION_TTL_S="0",
+    )
+    proxy.start()
+    try:
+        through = DedupProducer(
+            f"127.0.0.1:{SECURED_OWN.listen}",
+            "ttl",
+            **{**client, "security.protocol": "sasl_plaintext"},
+        )
+        assert send_failures(through, topic, range(1)) == []
+        with write_denied(info, topic) as landed:
+            assert send_failures(through, topic, range(1, 2)) == ["TOPIC_AUTHORIZATION_FAILED"]
+    finally:
+        proxy.stop()
+    assert end_offset(info.bootstrap, topic, **client) == landed, "nothing through the proxy"
+
+
+@contextlib.contextmanager
+def write_denied(info: EnvInfo, topic: str) -> Iterator[int]:
+    """User `client` denied `Write` on ``topic`` (an explicit DENY) until the block ends,
+    once Kafka refuses its writes straight to it: the topic's end offset then (the client's
+    writes that landed before the DENY reached the broker's authorizer counted)."""
+    client = client_config(info)
+    admin = AdminClient({"bootstrap.servers": info.bootstrap, **client})
+    deny_write = denial(AclBinding, ResourceType.TOPIC, topic, AclOperation.WRITE, "client")
+    for future in admin.create_acls([deny_write]).values():
+        future.result(30)
+    try:
+        direct = DedupProducer(info.bootstrap, f"direct-{uuid.uuid4().hex[:8]}", **client)
+        attempts = itertools.count()
+        last: list[str] = []
+
+        def refused_directly() -> bool:
+            n = next(attempts)
+            last[:] = send_failures(direct, topic, range(n, n + 1))
+            return last == ["TOPIC_AUTHORIZATION_FAILED"]
+
+        wait_until(
+            refused_directly, 30, lambda: f"Kafka refusing the client's writes (last: {last})"
+        )
+        yield end_offset(info.bootstrap, topic, **client)
+    finally:
+        filters = [
+            denial(AclBindingFilter, ResourceType.TOPIC, topic, AclOperation.WRITE, "client")
+        ]
+        for future in admin.delete_acls(filters).values():
+            future.result(30)
 
 
 def send_failures(producer: DedupProducer, topic: str, sequences: range) -> list[str]:

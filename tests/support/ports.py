@@ -98,6 +98,8 @@ LOCAL_PROXIES_ENV = Ports(kafka_base=21592, redis=16579, proxy_base=LOCAL_PROXY_
 # test_secured_env: `local up --security sasl_ssl --proxies 1`: one broker (SASL_SSL on
 # 21792, controller 21892), Redis over TLS on 16589, proxy-1 on 23792 (admin 23780).
 SECURED_ENV = Ports(kafka_base=21792, redis=16589, proxy_base=23792)
+# test_secured_env: a proxy of the test's own in front of that environment
+SECURED_OWN = ProxyPorts(listen=23692, admin=23680, broker_base=23693)
 
 # test_secured_cluster: `local up --brokers 3 --security sasl_ssl`, with two proxies in
 # balanced placement or three in sidecar placement (proxy i on 23192 + 100 * (i - 1)).
