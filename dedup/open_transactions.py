@@ -43,7 +43,12 @@ class Waited:
 
     def decided(self, end: int) -> bool:
         """Whether every transaction below ``end`` ended (committed or aborted)."""
-        return self.stable >= end
+        return decided(self.stable, end)
+
+
+def decided(stable: int, end: int) -> bool:
+    """Whether every transaction below ``end`` ended, the last stable offset at ``stable``."""
+    return stable >= end
 
 
 def watermarks_consumer(bootstrap: str, config: Mapping[str, Any], *, committed: bool) -> Consumer:

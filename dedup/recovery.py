@@ -46,7 +46,12 @@ from dedup import metrics
 from dedup.batches import IdentityHeaders
 from dedup.chunks import ChunkProgress
 from dedup.fencing import Fencer
-from dedup.open_transactions import Waited, wait_for_open_transactions, watermarks_consumer
+from dedup.open_transactions import (
+    Waited,
+    decided,
+    wait_for_open_transactions,
+    watermarks_consumer,
+)
 from dedup.ownership.leases import UNKNOWN, Held, Lease, PartitionLeases
 from dedup.replay import ReplayResult, replay_partition
 from dedup.snapshots import APPENDS_PER_PRODUCER, Snapshot, SnapshotStore, StoredSnapshots
@@ -469,8 +474,8 @@ class Recovery:
 
     def _waits(self, marks: tuple[int, int], committed_marks: tuple[int, int]) -> bool:
         """Whether a partition's recovery will wait for a transaction open below its end."""
-        undecided = not Waited(*committed_marks, seconds=0.0).decided(marks[1])
-        return undecided and self._replay_transaction_wait_s > 0
+        _, stable = committed_marks
+        return not decided(stable, marks[1]) and self._replay_transaction_wait_s > 0
 
     def _deadlines_of(self, ends: dict[_Key, int]) -> Callable[[_Key], Awaitable[float]]:
         """When Kafka will have ended the transactions open below each waiting partition's

@@ -36,8 +36,12 @@ _DECODE_ERRORS = (DecodeError, ValueError, IndexError, UnicodeDecodeError)
 # A frame from this size on is read in pieces and the pieces joined in a worker thread
 # (bytes.join lets go of the GIL for a large join): `readexactly` copies the whole frame
 # out of the stream's buffer on the event loop, some 20 ms for 32 MB, during which the
-# proxy serves no other connection.
-PIECEWISE_FRAME_BYTES = 1 << 20
+# proxy serves no other connection. Below it the copy is cheaper than the pieces and the
+# thread: a frame of 4 MiB is copied in about 0.4 ms, and a consumer's Fetch answers of
+# about 1 MiB (Kafka's default `max.partition.fetch.bytes`) read at once, with a larger
+# read-ahead (`upstream_client.UPSTREAM_READ_AHEAD_BYTES`), cost the pass-through 17-28 %
+# less CPU (benchmarks/README.md, "Fetch answers read at once").
+PIECEWISE_FRAME_BYTES = 4 << 20
 
 
 class FrameError(Exception):

@@ -181,3 +181,33 @@ def test_closing_with_requests_queued_fails_their_answers() -> None:
 
     errors = asyncio.run(scenario())
     assert all(isinstance(error, LinkClosed) for error in errors)
+
+
+def test_a_brokers_answer_of_a_mebibyte_is_buffered_without_pausing_the_socket() -> None:
+    """asyncio's streams stop reading the socket at 128 KiB unread (their default limit,
+    twice): a Fetch answer of 1 MiB would stop and restart it some eight times, each a
+    turn of the proxy's loop between Kafka's answer and the client's next request."""
+    answer = b"f" * (3 << 19)  # 1.5 MiB: under twice the read-ahead, over asyncio's default
+    sent = asyncio.Event()
+
+    async def answering(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(answer)
+        await writer.drain()
+        sent.set()
+        await asyncio.sleep(30)  # open until the reader is done
+
+    async def scenario() -> tuple[int, bool]:
+        server = await asyncio.start_server(answering, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await upstream_client.open_upstream(Endpoint("127.0.0.1", port), None)
+        await asyncio.wait_for(sent.wait(), 10)
+        await asyncio.sleep(0.3)  # the loopback's bytes into the stream's buffer
+        still_reading = writer.transport.is_reading()
+        first = await reader.read(len(answer))  # what the stream holds, at most that
+        writer.close()
+        server.close()
+        return len(first), still_reading
+
+    buffered, still_reading = asyncio.run(scenario())
+    assert still_reading, "the socket is still read with 1.5 MiB unread"
+    assert buffered == len(answer), "the whole answer was read ahead, in one piece"
